@@ -1,0 +1,74 @@
+"""Public quantize / dequantize entry points: validate, then run the numerics of ../spec numerics.md."""
+
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .formats import BLOCK_SIZE, E2M1_MAX, e2m1_decode, unpack_codes
+from .validation import SCALE_BOUNDS, check_choice, check_quantize_args
+
+
+@dataclass(frozen=True)
+class NVFP4Blocks:
+    """Quantized tensor in the plain NVFP4 layout; unpacks as `codes, scales`.
+
+    codes: uint8 (R, C/2), two E2M1 codes per byte (even element in the low nibble).
+    scales: float8_e4m3fn (R, C/16), one per 1x16 block (16x16 tiles repeat theirs over the tile's rows).
+    map4: bool (R, C/16), which blocks stored the map-to-4 candidate (None for standard NVFP4). It is
+    bookkeeping for metrics only: decoding never needs it.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    map4: torch.Tensor | None = None
+
+    def __iter__(self):
+        return iter((self.codes, self.scales))
+
+
+def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
+                           scale_bound: int = 256) -> NVFP4Blocks:
+    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax."""
+    check_quantize_args(x, amax, block, err_mode, scale_bound)
+    codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound)
+    return NVFP4Blocks(codes, scales, map4)
+
+
+def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Blocks:
+    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
+    check_quantize_args(x, amax, "1x16", "mse", 448)
+    codes, scales = reference.nvfp4_reference(x, amax)
+    return NVFP4Blocks(codes, scales)
+
+
+def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    """e2m1_value * f32(block scale), without the global factor. At most 6 significant bits within bf16's
+    range, so exact in bf16: the operand of the emulated GEMMs (the global factor is applied afterwards)."""
+    rows, half = codes.shape
+    values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
+    return (values * scales.float()[..., None]).view(rows, half * 2).to(dtype)
+
+
+def global_decode_factor(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """amax * fl(1/(6B)): the factor between block-scaled values and real values (spec, Dequantize)."""
+    inv_six_b = torch.tensor(1.0, device=amax.device) / torch.tensor(E2M1_MAX * scale_bound, device=amax.device)
+    return amax * inv_six_b
+
+
+def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, *, scale_bound: int,
+                     dtype=torch.float32) -> torch.Tensor:
+    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), in the requested dtype."""
+    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
+    if codes.dtype != torch.uint8 or codes.dim() != 2:
+        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {codes.dtype} {tuple(codes.shape)}")
+    rows, half = codes.shape
+    if scales.dtype != torch.float8_e4m3fn or scales.shape != (rows, half * 2 // BLOCK_SIZE):
+        raise TypeError(f"scales must be float8_e4m3fn of shape ({rows}, {half * 2 // BLOCK_SIZE}), "
+                        f"got {scales.dtype} {tuple(scales.shape)}")
+    if amax.dtype != torch.float32 or amax.shape not in ((), (rows,)):
+        raise TypeError(f"amax must be float32 of shape () or ({rows},), got {amax.dtype} {tuple(amax.shape)}")
+    amax_r = amax if amax.dim() == 0 else amax[:, None]
+    scale = global_decode_factor(scales.float() * amax_r, scale_bound)
+    values = e2m1_decode(unpack_codes(codes)).view(rows, -1, BLOCK_SIZE)
+    return (values * scale[..., None]).view(rows, half * 2).to(dtype)

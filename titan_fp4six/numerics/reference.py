@@ -1,0 +1,98 @@
+"""The pure-PyTorch reference quantizers: ../spec numerics.md made executable.
+
+Vectorized over blocks and rows; the only Python loop is over the 16 element positions of a block, which
+pins the spec's error accumulation order. Every operation is a separate eager FP32 op (no FMA contraction)
+and every division divides by an FP32 tensor (correctly rounded).
+"""
+
+import torch
+
+from .formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, FLT_MAX, e2m1_decode, e2m1_encode, e4m3_round, pack_codes
+
+# Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
+_TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
+
+
+def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+def global_encode_scale(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """S_enc = min((B*6)/amax, FLT_MAX), replaced by 1 where amax == 0 or S_enc == 0."""
+    s_enc = torch.clamp(_f32(scale_bound * E2M1_MAX, amax) / amax, max=FLT_MAX)
+    return torch.where((amax == 0) | (s_enc == 0), _f32(1.0, amax), s_enc)
+
+
+def _per_row(t: torch.Tensor) -> torch.Tensor:
+    """Scalar stays scalar; a per-row vector (R,) becomes (R, 1) to broadcast over (R, blocks)."""
+    return t if t.dim() == 0 else t[:, None]
+
+
+def _block_amax(xb: torch.Tensor, block: str) -> torch.Tensor:
+    """max |x| per 1x16 block, or per 16x16 tile repeated for the tile's 16 rows. (R, C/16)."""
+    absb = xb.abs()
+    if block == "1x16":
+        return absb.amax(dim=-1)
+    rows, nblk = xb.shape[:2]
+    tile = absb.view(rows // BLOCK_SIZE, BLOCK_SIZE, nblk, BLOCK_SIZE).amax(dim=(1, 3))
+    return tile.repeat_interleave(BLOCK_SIZE, dim=0)
+
+
+def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
+    """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4)."""
+    inv = torch.clamp(_f32(1.0, xb) / (sf.float() * s_dec), max=FLT_MAX)
+    return e2m1_encode(torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX))
+
+
+def _candidate_error(xb, codes, sf, amax, scale_bound: int, err_mode: str) -> torch.Tensor:
+    """Spec step 5: per 1x16 block error in the input's domain, summed over i = 0..15 in order from +0."""
+    six_b = _f32(E2M1_MAX * scale_bound, xb)
+    vals = ((e2m1_decode(codes) * sf.float()[..., None]) * amax[..., None]) / six_b
+    diff = vals - xb
+    terms = diff.abs() if err_mode == "mae" else diff * diff
+    err = torch.zeros(xb.shape[:2], dtype=torch.float32, device=xb.device)
+    for i in range(BLOCK_SIZE):
+        err = err + terms[..., i]
+    return err
+
+
+def _tile_error(err: torch.Tensor) -> torch.Tensor:
+    """Spec step 6: sum a 16x16 tile's 16 row-block errors in the fixed tree order; repeated per row."""
+    r = err.view(err.shape[0] // BLOCK_SIZE, BLOCK_SIZE, err.shape[1]).unbind(1)
+    p = [r[a] + r[b] for a, b in _TREE_PAIRS]
+    total = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    return total.repeat_interleave(BLOCK_SIZE, dim=0)
+
+
+def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
+    """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask)."""
+    rows, cols = x.shape
+    xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
+    amax_r = _per_row(amax)
+    s_enc = global_encode_scale(amax_r, scale_bound)
+    s_dec = _f32(1.0, x) / s_enc
+    base = (_block_amax(xb, block) / _f32(E2M1_MAX, x)) * s_enc
+    sf6 = e4m3_round(base)
+    sf4 = e4m3_round(base * 1.5)
+    code6 = _encode(xb, sf6, s_dec)
+    code4 = _encode(xb, sf4, s_dec)
+    err6 = _candidate_error(xb, code6, sf6, amax_r, scale_bound, err_mode)
+    err4 = _candidate_error(xb, code4, sf4, amax_r, scale_bound, err_mode)
+    if block == "16x16":
+        err6, err4 = _tile_error(err6), _tile_error(err4)
+    map4 = err4 < err6  # strict: ties and NaN errors keep map-to-6
+    codes = torch.where(map4[..., None], code4, code6).view(rows, cols)
+    scales = torch.where(map4, sf4.view(torch.uint8), sf6.view(torch.uint8)).view(torch.float8_e4m3fn)
+    return pack_codes(codes), scales, map4
+
+
+def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor):
+    """Standard NVFP4 (B=448, 1x16, one candidate) of a validated 2-D x. Returns (packed codes, scales)."""
+    rows, cols = x.shape
+    xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
+    amax_r = _per_row(amax)
+    s_enc = global_encode_scale(amax_r, int(E4M3_MAX))
+    s_dec = _f32(1.0, x) / s_enc
+    mult = s_enc * (_f32(1.0, x) / _f32(E2M1_MAX, x))
+    sf = e4m3_round(torch.clamp(_block_amax(xb, "1x16") * mult, max=FLT_MAX))
+    return pack_codes(_encode(xb, sf, s_dec).view(rows, cols)), sf

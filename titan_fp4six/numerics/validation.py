@@ -1,0 +1,63 @@
+"""Argument checks shared by every quantizer implementation, with errors that say what would be valid."""
+
+import torch
+
+from .formats import BLOCK_SIZE, INPUT_DTYPES
+
+BLOCKS = ("1x16", "16x16")
+ERR_MODES = ("mae", "mse")
+SCALE_BOUNDS = (256, 448)
+
+
+def check_choice(name: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))}")
+
+
+def check_input(x: torch.Tensor, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name}.dtype={x.dtype} is not supported; valid: bfloat16, float16, float32")
+    if x.shape[1] % BLOCK_SIZE:
+        raise ValueError(f"{name} has {x.shape[1]} columns; NVFP4 needs a multiple of {BLOCK_SIZE}")
+
+
+def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str) -> None:
+    """amax is an FP32 scalar (per-tensor) or an FP32 vector of length R (row-scaled) on x's device."""
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be an FP32 torch.Tensor, got {type(amax).__name__}")
+    if amax.dtype != torch.float32:
+        raise TypeError(f"amax.dtype={amax.dtype}; amax must be float32")
+    if amax.device != x.device:
+        raise ValueError(f"amax is on {amax.device} but x is on {x.device}; put both on one device")
+    rows = x.shape[0]
+    if amax.dim() == 0:
+        return
+    if amax.shape != (rows,):
+        raise ValueError(
+            f"amax has shape {tuple(amax.shape)}; valid: () for per-tensor or ({rows},) for one amax per row")
+    if block == "16x16" and rows and not _tile_uniform(amax):
+        raise ValueError("row-scaled amax with block='16x16' must be equal over every 16-row tile "
+                         "(e.g. one amax per expert, N a multiple of 16); use block='1x16' for per-row amax")
+
+
+def check_rows_for_block(x: torch.Tensor, block: str) -> None:
+    if block == "16x16" and x.shape[0] % BLOCK_SIZE:
+        raise ValueError(f"block='16x16' needs rows that are a multiple of {BLOCK_SIZE}, got {x.shape[0]} rows")
+
+
+def _tile_uniform(amax: torch.Tensor) -> bool:
+    bits = amax.view(torch.int32).view(-1, BLOCK_SIZE)  # bitwise, so a NaN tile counts as uniform
+    return bool((bits == bits[:, :1]).all())
+
+
+def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int) -> None:
+    check_choice("block", block, BLOCKS)
+    check_choice("err_mode", err_mode, ERR_MODES)
+    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
+    check_input(x)
+    check_rows_for_block(x, block)
+    check_amax(amax, x, block)
