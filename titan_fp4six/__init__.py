@@ -5,10 +5,10 @@ Layers: numerics (bit-exact quantizers) -> kernels (Triton fast paths) -> ops (G
 Only `integration` imports torchtitan.
 """
 
-from .numerics import (NVFP4Blocks, decode_block_scaled, four_over_six_quantize, group_amax, nvfp4_dequantize,
+from .numerics import (NVFP4Blocks, decode_block_scaled, four_over_six_quantize, four_over_six_quantize_decode, group_amax, nvfp4_dequantize,
                        nvfp4_quantize, row_amax, tensor_amax)
 
 __all__ = [
-    "NVFP4Blocks", "decode_block_scaled", "four_over_six_quantize", "group_amax", "nvfp4_dequantize",
+    "NVFP4Blocks", "decode_block_scaled", "four_over_six_quantize", "four_over_six_quantize_decode", "group_amax", "nvfp4_dequantize",
     "nvfp4_quantize", "row_amax", "tensor_amax",
 ]

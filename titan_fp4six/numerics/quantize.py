@@ -50,6 +50,16 @@ def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.b
     return (values * scales.float()[..., None]).view(rows, half * 2).to(dtype)
 
 
+def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
+                                  err_mode: str = "mse", scale_bound: int = 256):
+    """Quantize and return (exact bf16 block-scaled decode, NVFP4Blocks): what the emulated GEMMs consume.
+
+    The Triton fast path fuses both so x is read once; this is the reference composition of the two.
+    """
+    blocks = four_over_six_quantize(x, amax, block=block, err_mode=err_mode, scale_bound=scale_bound)
+    return decode_block_scaled(blocks.codes, blocks.scales), blocks
+
+
 def global_decode_factor(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
     """amax * fl(1/(6B)): the factor between block-scaled values and real values (spec, Dequantize)."""
     inv_six_b = torch.tensor(1.0, device=amax.device) / torch.tensor(E2M1_MAX * scale_bound, device=amax.device)
