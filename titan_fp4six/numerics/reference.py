@@ -9,6 +9,8 @@ import torch
 
 from .formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, FLT_MAX, e2m1_decode, e2m1_encode, e4m3_round, pack_codes
 
+NAN_CODE = 0x3  # torchao's code for a positive NaN
+
 # Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
 _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
 
@@ -41,7 +43,10 @@ def _block_amax(xb: torch.Tensor, block: str) -> torch.Tensor:
 def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
     """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4)."""
     inv = torch.clamp(_f32(1.0, xb) / (sf.float() * s_dec), max=FLT_MAX)
-    return e2m1_encode(torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX))
+    q = torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX)
+    # A NaN's sign bit depends on the device's arithmetic (x86 and CUDA differ), so NaN gets one canonical
+    # code; its block scale is NaN (bamax or amax is NaN), so the block still decodes to NaN.
+    return torch.where(torch.isnan(q), NAN_CODE, e2m1_encode(q))
 
 
 def _candidate_error(xb, codes, sf, amax, scale_bound: int, err_mode: str) -> torch.Tensor:

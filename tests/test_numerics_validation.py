@@ -1,0 +1,71 @@
+"""Bad input gets a clear error naming the argument and what is valid; the amax helpers."""
+
+import pytest
+import torch
+
+from titan_fp4six import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+
+X = torch.randn(32, 64)
+A = torch.tensor(4.0)
+
+
+@pytest.mark.parametrize("x,amax,kw,match", [
+    (torch.randn(4, 4, 16), A, {}, "must be 2-D"),
+    (torch.randn(4, 40), A, {}, "multiple of 16"),
+    (torch.randn(20, 32), A, {"block": "16x16"}, "multiple of 16, got 20 rows"),
+    (X, A, {"block": "4x16"}, "block='4x16' is not supported; valid values: '1x16', '16x16'"),
+    (X, A, {"err_mode": "l2"}, "err_mode='l2'"),
+    (X, A, {"scale_bound": 300}, "scale_bound=300"),
+    (X, torch.ones(31), {}, r"amax has shape \(31,\)"),
+    (X, torch.ones(32, 1), {}, r"amax has shape \(32, 1\)"),
+    (X, torch.arange(32.0), {"block": "16x16"}, "equal over every 16-row tile"),
+])
+def test_value_errors(x, amax, kw, match):
+    with pytest.raises(ValueError, match=match):
+        four_over_six_quantize(x, amax, **kw)
+
+
+@pytest.mark.parametrize("x,amax,match", [
+    (X.to(torch.float64), A, "x.dtype=torch.float64"),
+    (X.to(torch.int32), A, "x.dtype=torch.int32"),
+    (X, A.to(torch.bfloat16), "amax must be float32"),
+    (X, 4.0, "amax must be an FP32 torch.Tensor"),
+    ([[1.0] * 16], A, "x must be a torch.Tensor"),
+])
+def test_type_errors(x, amax, match):
+    with pytest.raises(TypeError, match=match):
+        four_over_six_quantize(x, amax)
+    with pytest.raises(TypeError, match=match):
+        nvfp4_quantize(x, amax)
+
+
+def test_amax_on_another_device_is_rejected():
+    with pytest.raises(ValueError, match="amax is on meta but x is on cpu"):
+        four_over_six_quantize(X, A.to("meta"))
+
+
+def test_dequantize_checks_its_arguments():
+    codes, scales = four_over_six_quantize(X, A)
+    with pytest.raises(ValueError, match="scale_bound=100"):
+        nvfp4_dequantize(codes, scales, A, scale_bound=100)
+    with pytest.raises(TypeError, match="scales must be float8_e4m3fn"):
+        nvfp4_dequantize(codes, scales[:, :2], A, scale_bound=256)
+    with pytest.raises(TypeError, match="amax must be float32"):
+        nvfp4_dequantize(codes, scales, torch.ones(3), scale_bound=256)
+
+
+def test_nan_and_inf_inputs_are_not_errors():
+    x = X.clone()
+    x[0, 0], x[1, 1] = float("nan"), float("inf")
+    codes, scales = four_over_six_quantize(x, tensor_amax(X))
+    assert codes.shape == (32, 32) and scales.shape == (32, 4)
+
+
+def test_amax_helpers():
+    x = torch.tensor([[1.0, -3.0], [2.0, 0.5], [-7.0, 1.0], [float("nan"), 9.0]])
+    assert tensor_amax(x[:3]).item() == 7.0 and tensor_amax(x).isnan()
+    assert row_amax(x[:3]).tolist() == [3.0, 2.0, 7.0]
+    # groups [0,1), [1,1) (empty), [1,3); row 3 is past offs[-1]: its NaN must not leak into any group
+    offs = torch.tensor([1, 1, 3], dtype=torch.int32)
+    assert group_amax(x, offs).tolist() == [3.0, 0.0, 7.0]
+    assert group_amax(x.bfloat16(), offs).dtype == torch.float32
