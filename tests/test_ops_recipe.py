@@ -1,0 +1,47 @@
+import dataclasses
+
+import pytest
+
+from titan_fp4six import FourOverSixRecipe
+
+
+def test_defaults_follow_the_spec():
+    r = FourOverSixRecipe()
+    assert (r.err_mode, r.scale_bound, r.weight_block, r.activation_scaling, r.backward) == (
+        "mse", 256, "16x16", "tensor", "auto")
+    assert r.resolved_backward(grouped=False) == "quantized"
+    assert r.resolved_backward(grouped=True) == "high_precision"
+    assert FourOverSixRecipe(activation_scaling="row").resolved_backward(grouped=False) == "high_precision"
+
+
+@pytest.mark.parametrize("mode", ["high_precision", "dequantized"])
+def test_explicit_modes_resolve_to_themselves(mode):
+    r = FourOverSixRecipe(backward=mode, activation_scaling="row")
+    assert r.resolved_backward(grouped=False) == mode == r.resolved_backward(grouped=True)
+
+
+def test_frozen_and_keyword_only():
+    r = FourOverSixRecipe()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.err_mode = "mae"
+    with pytest.raises(TypeError):
+        FourOverSixRecipe("mae")
+
+
+@pytest.mark.parametrize("field, value, valid", [
+    ("err_mode", "l2", "'mae', 'mse'"), ("scale_bound", 512, "256, 448"), ("scale_bound", True, "256, 448"),
+    ("weight_block", "32x32", "'16x16', '1x16'"), ("activation_scaling", "token", "'tensor', 'row'"),
+    ("backward", "fp8", "'auto', 'quantized', 'high_precision', 'dequantized'"),
+])
+def test_bad_knobs_name_the_field_and_valid_values(field, value, valid):
+    with pytest.raises(ValueError, match=f"{field}={value!r}.*{valid}"):
+        FourOverSixRecipe(**{field: value})
+
+
+def test_quantized_backward_rejected_for_row_scaling_and_grouped():
+    with pytest.raises(ValueError, match="backward='quantized'.*activation_scaling='row'"):
+        FourOverSixRecipe(backward="quantized", activation_scaling="row")
+    r = FourOverSixRecipe(backward="quantized")
+    assert r.resolved_backward(grouped=False) == "quantized"
+    with pytest.raises(ValueError, match="grouped"):
+        r.resolved_backward(grouped=True)

@@ -1,0 +1,86 @@
+"""Shape / dtype / device checks of the GEMM ops' arguments, with errors that say what would be valid."""
+
+import torch
+
+from ..numerics.formats import BLOCK_SIZE, INPUT_DTYPES
+from .recipe import FourOverSixRecipe
+
+
+def check_recipe(recipe) -> None:
+    if not isinstance(recipe, FourOverSixRecipe):
+        raise TypeError(f"recipe must be a titan_fp4six.FourOverSixRecipe, got {type(recipe).__name__}")
+
+
+def check_float(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name}.dtype={t.dtype} is not supported; valid: bfloat16, float16, float32")
+
+
+def check_multiple(value: int, what: str) -> None:
+    if value % BLOCK_SIZE:
+        raise ValueError(f"{what} is {value}; NVFP4 GEMMs need a multiple of {BLOCK_SIZE}")
+
+
+def check_same_device(*named) -> None:
+    devices = {t.device for _, t in named}
+    if len(devices) > 1:
+        raise ValueError("all operands must be on one device, got " + ", ".join(f"{n} on {t.device}" for n, t in named))
+
+
+def check_dense(x, weight, bias, recipe) -> None:
+    check_recipe(recipe)
+    check_float(x, "x")
+    check_float(weight, "weight")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., K)")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"x has K={x.shape[-1]} but weight (N, K) has shape {tuple(weight.shape)}")
+    check_multiple(x.shape[-1], "K (x.shape[-1])")
+    check_multiple(weight.shape[0], "N (weight.shape[0])")
+    named = [("x", x), ("weight", weight)]
+    if bias is not None:
+        check_float(bias, "bias")
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        named.append(("bias", bias))
+    check_same_device(*named)
+
+
+def check_grouped(A, B_t, offs, recipe) -> None:
+    check_recipe(recipe)
+    recipe.resolved_backward(grouped=True)
+    check_float(A, "A")
+    check_float(B_t, "B_t")
+    if A.dim() != 2:
+        raise ValueError(f"A must be 2-D (M, K), got shape {tuple(A.shape)}")
+    if B_t.dim() != 3:
+        raise ValueError(f"B_t must be 3-D (E, K, N), the transposed view of (E, N, K) weights; "
+                         f"got shape {tuple(B_t.shape)}")
+    experts, k, n = B_t.shape
+    if A.shape[1] != k:
+        raise ValueError(f"A has K={A.shape[1]} but B_t (E, K, N) has shape {tuple(B_t.shape)}")
+    check_multiple(k, "K (A.shape[1])")
+    if recipe.weight_block == "16x16":
+        if n % BLOCK_SIZE:
+            raise ValueError(f"weight_block='16x16' needs N (B_t.shape[2]) a multiple of {BLOCK_SIZE}, got {n}; "
+                             "use weight_block='1x16'")
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32:
+        got = offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__
+        raise TypeError(f"offs must be an int32 tensor of inclusive group ends, got {got}")
+    if offs.shape != (experts,):
+        raise ValueError(f"offs must have shape ({experts},), one end per expert of B_t, got {tuple(offs.shape)}")
+    check_same_device(("A", A), ("B_t", B_t), ("offs", offs))
+
+
+def check_offs_values(offs: torch.Tensor, rows: int) -> None:
+    """Value checks of offs; they read the values, so they run where that costs no device sync (CPU)."""
+    if offs.device.type != "cpu" or offs.numel() == 0:
+        return
+    if bool((offs[0] < 0) | (torch.diff(offs) < 0).any()):
+        raise ValueError(f"offs must be non-negative and non-decreasing (inclusive group ends), got {offs.tolist()}")
+    if int(offs[-1]) > rows:
+        raise ValueError(f"offs[-1]={int(offs[-1])} exceeds the {rows} rows of A")

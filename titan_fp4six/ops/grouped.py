@@ -1,0 +1,142 @@
+"""Four-over-six grouped GEMM for MoE routed experts, in the calling convention of torch._grouped_mm.
+
+All token groups and all experts are quantized in one call each: activations with their group's amax (or
+their own, row-scaled) expanded per row, expert weights flattened to (E*N, K) with each expert's amax
+expanded per row (16x16 tiles stay inside an expert when N % 16 == 0). Rows at and past offs[-1] are not
+tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
+"""
+
+import torch
+from torch import Tensor
+
+from ..numerics import global_decode_factor, group_amax, group_index, nvfp4_dequantize, row_amax
+from .checks import check_grouped, check_offs_values
+from .gemm import decode_on, grouped_gemm_nt
+from .operands import quantize_46
+from .recipe import FourOverSixRecipe
+from .stats import MAP4_STATS
+
+_F8 = torch.float8_e4m3fn
+
+
+def _per_row(values: Tensor, group_of_row: Tensor) -> Tensor:
+    """values (E,) -> per row (M,); rows past offs[-1] (group id E) get 0."""
+    return torch.cat([values, values.new_zeros(1)])[group_of_row]
+
+
+def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, row_scaled: bool):
+    """(amax to save: (E,) per group or (M,) per row, amax per row (M,)); tail rows get 0 and are never read
+    into a real row's amax."""
+    if row_scaled:
+        rows = torch.where(group_of_row < offs.numel(), row_amax(A), 0.0)
+        return rows, rows
+    groups = group_amax(A, offs)
+    return groups, _per_row(groups, group_of_row)
+
+
+def _expert_weights(B_t: Tensor) -> tuple[Tensor, Tensor]:
+    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,)."""
+    experts, k, n = B_t.shape
+    w = B_t.transpose(-2, -1).reshape(experts * n, k)
+    return w, B_t.abs().amax(dim=(1, 2)).float()
+
+
+@torch.library.custom_op("titan_fp4six::grouped_fwd", mutates_args=())
+def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor, err_mode: str, scale_bound: int, weight_block: str,
+                row_scaled: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)) and W codes, scales, amax (E,)."""
+    check_offs_values(offs, A.shape[0])
+    experts, n = B_t.shape[0], B_t.shape[2]
+    group_of_row = group_index(offs, A.shape[0])
+    a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, row_scaled)
+    decode = decode_on(A.device)
+    aq, a_map4 = quantize_46(A, a_amax_rows, block="1x16", err_mode=err_mode, scale_bound=scale_bound,
+                             decode=decode)
+    w, w_amax = _expert_weights(B_t)
+    wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), block=weight_block, err_mode=err_mode,
+                             scale_bound=scale_bound, decode=decode)
+    MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
+    MAP4_STATS.add(w_map4)
+    a_groups = None if row_scaled else global_decode_factor(a_amax, scale_bound)
+    out = grouped_gemm_nt(aq, global_decode_factor(a_amax_rows, scale_bound), a_groups, wq,
+                          global_decode_factor(w_amax, scale_bound), offs, group_of_row, A.dtype)
+    return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
+
+
+@grouped_fwd.register_fake
+def _(A, B_t, offs, err_mode, scale_bound, weight_block, row_scaled):
+    (m, k), (e, _, n) = A.shape, B_t.shape
+    u8, f32 = torch.uint8, torch.float32
+    return (A.new_empty(m, n), A.new_empty(m, k // 2, dtype=u8), A.new_empty(m, k // 16, dtype=_F8),
+            A.new_empty(m if row_scaled else e, dtype=f32), A.new_empty(e * n, k // 2, dtype=u8),
+            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32))
+
+
+@torch.library.custom_op("titan_fp4six::grouped_bwd", mutates_args=())
+def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, a_codes: Tensor | None,
+                a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None,
+                w_amax: Tensor | None, mode: str, scale_bound: int, row_scaled: bool, a_dtype: torch.dtype,
+                w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
+    """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
+    grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands."""
+    m, experts = dy.shape[0], offs.numel()
+    group_of_row = group_index(offs, m)
+    if mode == "dequantized":
+        rows = a_amax if row_scaled else _per_row(a_amax, group_of_row)
+        A = nvfp4_dequantize(a_codes, a_scales, rows, scale_bound=scale_bound, dtype=a_dtype)
+        n = w_codes.shape[0] // experts
+        w = nvfp4_dequantize(w_codes, w_scales, w_amax.repeat_interleave(n), scale_bound=scale_bound,
+                             dtype=a_dtype).view(experts, n, -1)
+    else:
+        w = B_t.transpose(-2, -1).to(a_dtype)
+    dy = dy.to(a_dtype)
+    dA = dW = dy.new_empty(0)
+    if need_da:  # rows past offs[-1] come back uninitialized from _grouped_mm
+        dA = torch.where((group_of_row < experts)[:, None], torch._grouped_mm(dy, w, offs=offs), 0)
+    if need_dw:  # empty groups: zero, whatever the kernel leaves there
+        counts = torch.diff(offs, prepend=offs.new_zeros(1))
+        dW = torch.where((counts > 0)[:, None, None], torch._grouped_mm(dy.t(), A, offs=offs), 0).to(w_dtype)
+    return dA, dW
+
+
+@grouped_bwd.register_fake
+def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, mode, scale_bound, row_scaled,
+      a_dtype, w_dtype, need_da, need_dw):
+    m, n = dy.shape
+    k = A.shape[1] if A is not None else a_codes.shape[1] * 2
+    dA = dy.new_empty(m, k, dtype=a_dtype) if need_da else dy.new_empty(0)
+    dW = dy.new_empty(offs.shape[0], n, k, dtype=w_dtype) if need_dw else dy.new_empty(0)
+    return dA, dW
+
+
+class _GroupedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, B_t, offs, err_mode, scale_bound, weight_block, row_scaled, mode):
+        out, ac, as_, aa, wc, ws, wa = torch.ops.titan_fp4six.grouped_fwd(A, B_t, offs, err_mode, scale_bound,
+                                                                          weight_block, row_scaled)
+        if mode == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax (and offs) stay alive
+            ctx.save_for_backward(None, None, offs, ac, as_, aa, wc, ws, wa)
+        else:
+            ctx.save_for_backward(A, B_t, offs, None, None, None, None, None, None)
+        ctx.config = (mode, scale_bound, row_scaled, A.dtype, B_t.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        mode, scale_bound, row_scaled, a_dtype, w_dtype = ctx.config
+        need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dA, dW = torch.ops.titan_fp4six.grouped_bwd(dy.contiguous(), *ctx.saved_tensors, mode, scale_bound,
+                                                    row_scaled, a_dtype, w_dtype, need_da, need_dw)
+        return ((dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None),
+                None, None, None, None, None, None)
+
+
+def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe) -> Tensor:
+    """torch._grouped_mm(A, B_t, offs=offs) with four-over-six NVFP4 operands -> (M, N) in A's dtype.
+
+    A (M, K) rows sorted by expert; B_t (E, K, N) the transposed view of (E, N, K) expert weights; offs int32
+    inclusive group ends (length E, offs[-1] <= M). Backward: recipe.resolved_backward(grouped=True).
+    """
+    check_grouped(A, B_t, offs, recipe)
+    return _GroupedFunction.apply(A, B_t, offs, recipe.err_mode, recipe.scale_bound, recipe.weight_block,
+                                  recipe.row_scaled, recipe.resolved_backward(grouped=True))

@@ -1,0 +1,55 @@
+"""FourOverSixRecipe: the knobs of the numerics spec for the four-over-six GEMMs, validated once at construction."""
+
+from dataclasses import dataclass
+
+ERR_MODES = ("mae", "mse")
+SCALE_BOUNDS = (256, 448)
+WEIGHT_BLOCKS = ("16x16", "1x16")
+ACTIVATION_SCALINGS = ("tensor", "row")
+BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
+
+
+def _check(name: str, value, valid) -> None:
+    # bool is an int subclass: True must not pass as a scale bound
+    if isinstance(value, bool) or value not in valid:
+        raise ValueError(f"FourOverSixRecipe.{name}={value!r} is not supported; valid values: "
+                         f"{', '.join(map(repr, valid))}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FourOverSixRecipe:
+    """How a four-over-six GEMM quantizes (see shared/spec/numerics.md, 'Knobs and their defaults').
+
+    backward="auto" resolves per the spec: "quantized" for per-tensor dense GEMMs, "high_precision" for
+    row-scaled activations and for grouped (MoE) GEMMs; use `resolved_backward(grouped)`.
+    """
+
+    err_mode: str = "mse"
+    scale_bound: int = 256
+    weight_block: str = "16x16"
+    activation_scaling: str = "tensor"
+    backward: str = "auto"
+
+    def __post_init__(self):
+        _check("err_mode", self.err_mode, ERR_MODES)
+        _check("scale_bound", self.scale_bound, SCALE_BOUNDS)
+        _check("weight_block", self.weight_block, WEIGHT_BLOCKS)
+        _check("activation_scaling", self.activation_scaling, ACTIVATION_SCALINGS)
+        _check("backward", self.backward, BACKWARDS)
+        if self.backward == "quantized" and self.activation_scaling == "row":
+            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with activation_scaling='row' "
+                             "(per-row scales do not transpose); use backward='high_precision' or 'dequantized', "
+                             "or activation_scaling='tensor'")
+
+    @property
+    def row_scaled(self) -> bool:
+        return self.activation_scaling == "row"
+
+    def resolved_backward(self, grouped: bool) -> str:
+        """The backward mode a dense (grouped=False) or grouped GEMM runs: never "auto"."""
+        if grouped and self.backward == "quantized":
+            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
+                             "valid there: 'auto', 'high_precision', 'dequantized'")
+        if self.backward != "auto":
+            return self.backward
+        return "high_precision" if grouped or self.row_scaled else "quantized"
