@@ -1,0 +1,124 @@
+"""Four-over-six routed experts: class factory, state_dict, padding/tail handling, the grouped op's wiring."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchtitan.models.moe.moe import GroupedExperts
+
+from titan_fp4six.modules import GROUP_ALIGN, convert_experts, four_over_six_experts_class
+from titan_fp4six.modules.experts import run_experts, run_experts_padded
+from titan_fp4six.ops import FourOverSixRecipe, four_over_six_grouped_mm
+
+DIM, HIDDEN, E = 64, 32, 4
+COUNTS = torch.tensor([10, 0, 25, 5])
+
+
+def _experts(use_grouped_mm=True):
+    torch.manual_seed(0)
+    e = GroupedExperts(DIM, HIDDEN, E, use_grouped_mm=use_grouped_mm)
+    with torch.no_grad():
+        e.init_weights(0.1)
+    return e
+
+
+def _x(rows):
+    torch.manual_seed(1)
+    return torch.randn(rows, DIM)
+
+
+def test_factory_is_cached_per_parent_class():
+    class OtherExperts(GroupedExperts):
+        pass
+
+    cls = four_over_six_experts_class(GroupedExperts)
+    assert cls is four_over_six_experts_class(GroupedExperts)
+    assert issubclass(cls, GroupedExperts)
+    other = four_over_six_experts_class(OtherExperts)
+    assert other is not cls and issubclass(other, OtherExperts)
+    assert four_over_six_experts_class(cls) is cls
+
+
+def test_convert_in_place_keeps_parameters_and_state_dict():
+    e = _experts()
+    params, keys = {n: p for n, p in e.named_parameters()}, list(e.state_dict())
+    out = convert_experts(e, FourOverSixRecipe())
+    assert out is e and type(e).__name__ == "FourOverSixGroupedExperts"
+    assert {n: p for n, p in e.named_parameters()} == params and list(e.state_dict()) == keys
+    with torch.no_grad():
+        e.init_weights(0.02)  # the parent's init still applies
+    with pytest.raises(TypeError, match="3-D"):
+        convert_experts(nn.Linear(4, 4), FourOverSixRecipe())
+
+
+def _manual(e, x, counts, recipe):
+    """The three grouped GEMMs on exactly the token rows (no padding, no tail)."""
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    h = F.silu(four_over_six_grouped_mm(x, e.w1.transpose(-2, -1), offs, recipe=recipe))
+    h = h * four_over_six_grouped_mm(x, e.w3.transpose(-2, -1), offs, recipe=recipe)
+    return four_over_six_grouped_mm(h, e.w2.transpose(-2, -1), offs, recipe=recipe)
+
+
+@pytest.mark.parametrize("use_grouped_mm", [True, False])  # False: where torchtitan would loop over experts
+def test_forward_runs_the_grouped_op_with_aligned_groups(use_grouped_mm):
+    recipe = FourOverSixRecipe()
+    e = _experts(use_grouped_mm)
+    bf16_ref = copy.deepcopy(e)
+    bf16_ref.use_grouped_mm = False  # torchtitan's padded grouped path needs its Triton kernel (no CPU path)
+    convert_experts(e, recipe)
+    x = _x(int(COUNTS.sum()))
+    out = e(x, COUNTS.float())  # torchtitan's histc hands float counts
+    # zero padding rows change no amax and no token row
+    assert torch.allclose(out, _manual(e, x, COUNTS, recipe), rtol=1e-5, atol=1e-6)
+    ref = bf16_ref(x, COUNTS)
+    rel = (out - ref).norm() / ref.norm()
+    assert 0 < rel < 0.35  # three chained NVFP4 GEMMs give ~0.26 here; swapping w1 and w3 gives ~0.55
+
+
+def test_padded_groups_are_multiples_of_the_alignment(monkeypatch):
+    seen = []
+    import titan_fp4six.modules.experts as mod
+
+    real = mod.run_experts
+    monkeypatch.setattr(mod, "run_experts", lambda *a: seen.append((a[3].shape[0], a[4].clone())) or real(*a))
+    e = convert_experts(_experts(), FourOverSixRecipe())
+    e(_x(int(COUNTS.sum())), COUNTS)
+    rows, sizes = seen[0]
+    assert rows == int(sizes.sum()) and bool((sizes % GROUP_ALIGN == 0).all())
+    assert sizes.tolist() == [GROUP_ALIGN, 0, GROUP_ALIGN, GROUP_ALIGN]
+
+
+def test_over_allocated_tail_never_reaches_an_amax():
+    """EP-style buffer: groups already padded, rows past offs[-1] hold garbage; output there is zero and the
+    token rows are bit-identical to a run without the tail."""
+    recipe = FourOverSixRecipe()
+    e = convert_experts(_experts(), recipe)
+    counts = torch.tensor([16, 0, 32, 16], dtype=torch.int32)
+    real = _x(64)
+    tail = torch.full((40, DIM), 1e4)
+    x = torch.cat([real, tail]).requires_grad_()
+    out = run_experts(e.w1, e.w2, e.w3, x, counts, recipe)
+    assert out.shape == x.shape
+    assert torch.equal(out[64:], torch.zeros(40, DIM))
+    assert torch.equal(out[:64], run_experts(e.w1, e.w2, e.w3, real, counts, recipe))
+    out.sum().backward()
+    assert torch.equal(x.grad[64:], torch.zeros(40, DIM)) and x.grad[:64].abs().sum() > 0
+
+
+def test_backward_reaches_weights_and_inputs():
+    recipe = FourOverSixRecipe()
+    e = convert_experts(_experts(), recipe)
+    x = _x(int(COUNTS.sum())).requires_grad_()
+    e(x, COUNTS).square().sum().backward()
+    for w in (e.w1, e.w2, e.w3):
+        assert w.grad is not None and w.grad.shape == w.shape and torch.isfinite(w.grad).all()
+    assert e.w1.grad[1].abs().sum() == 0 and e.w1.grad[0].abs().sum() > 0  # expert 1 got no tokens
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    # same gradients as the unpadded composition (padding rows carry zero gradient)
+    x2 = x.detach().clone().requires_grad_()
+    w = [p.detach().clone().requires_grad_() for p in (e.w1, e.w2, e.w3)]
+    run_experts_padded(*w, x2, COUNTS, recipe, align=16).square().sum().backward()
+    assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(e.w2.grad, w[1].grad, rtol=1e-4, atol=1e-4)

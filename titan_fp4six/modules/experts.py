@@ -1,0 +1,90 @@
+"""Routed experts whose three grouped GEMMs (w1, w3, w2; SiLU-gated) run the four-over-six grouped op.
+
+`four_over_six_experts_class(parent)` builds, once per parent class, a subclass of that experts class
+(torchtitan's `GroupedExperts` or a look-alike with `w1/w2/w3` of shape (E, out, in) and
+`forward(x, num_tokens_per_expert)`). Converting swaps `__class__` in place, so parameters, hooks and
+`init_weights` stay the parent's and the state_dict is unchanged; only `recipe` (a plain attribute) is added.
+The subclass always takes the grouped path, including where the parent would loop over experts.
+
+Token groups are aligned to GROUP_ALIGN rows. Without expert parallelism this module pads the groups
+itself; with it, the dispatcher already did (into an over-allocated buffer). Either way only the rows up to
+offs[-1] reach the op, and the output is zero-extended back, so padding rows never reach an amax.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..ops import FourOverSixRecipe, four_over_six_grouped_mm
+from .dtensor import local_weight
+
+GROUP_ALIGN = 128
+"""Rows per token-group alignment unit (torchtitan's TOKEN_GROUP_ALIGN_SIZE_M is set to this)."""
+
+
+def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
+                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe) -> torch.Tensor:
+    """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros."""
+    offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+    rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
+    xs = x[:rows]
+    h = F.silu(four_over_six_grouped_mm(xs, w1.transpose(-2, -1), offs, recipe=recipe))
+    h = h * four_over_six_grouped_mm(xs, w3.transpose(-2, -1), offs, recipe=recipe)
+    out = four_over_six_grouped_mm(h, w2.transpose(-2, -1), offs, recipe=recipe).type_as(x)
+    return F.pad(out, (0, 0, 0, x.shape[0] - rows))
+
+
+def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
+                       num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
+                       align: int = GROUP_ALIGN) -> torch.Tensor:
+    """Pad each expert's contiguous rows to a multiple of `align` (zeros), run, and drop the padding rows."""
+    counts = num_tokens_per_expert.to(torch.int64)  # torchtitan's histc may hand floats
+    sizes = (counts + align - 1) // align * align
+    shift = (torch.cumsum(sizes, 0) - sizes) - (torch.cumsum(counts, 0) - counts)
+    expert_of_row = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts,
+                                            output_size=x.shape[0])
+    dest = shift[expert_of_row] + torch.arange(x.shape[0], device=x.device)
+    x_padded = x.new_zeros(int(sizes.sum()), x.shape[1]).index_copy(0, dest, x)
+    return run_experts(w1, w2, w3, x_padded, sizes, recipe).index_select(0, dest)
+
+
+class _FourOverSixExperts:
+    """Mixin placed before the parent experts class; see the module docstring."""
+
+    recipe: FourOverSixRecipe
+
+    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        weights = [local_weight(getattr(self, n), n, experts=True) for n in ("w1", "w2", "w3")]
+        # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
+        dispatched = isinstance(self.w1, DTensor) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
+        run = run_experts if dispatched else run_experts_padded
+        return run(*weights, x, num_tokens_per_expert, self.recipe)
+
+    def extra_repr(self) -> str:
+        return f"recipe={self.recipe}"
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def four_over_six_experts_class(parent: type[nn.Module]) -> type[nn.Module]:
+    """The four-over-six subclass of `parent`, created on first use and cached."""
+    if issubclass(parent, _FourOverSixExperts):
+        return parent
+    cls = _CLASSES.get(parent)
+    if cls is None:
+        cls = type(f"FourOverSix{parent.__name__}", (_FourOverSixExperts, parent), {"__module__": __name__})
+        _CLASSES[parent] = cls
+    return cls
+
+
+def convert_experts(module: nn.Module, recipe: FourOverSixRecipe) -> nn.Module:
+    """Turn `module` (an experts instance) into its four-over-six subclass in place and return it."""
+    for name in ("w1", "w2", "w3"):
+        w = getattr(module, name, None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 3:
+            raise TypeError(f"{type(module).__name__}.{name} must be a 3-D (experts, out, in) parameter")
+    module.__class__ = four_over_six_experts_class(type(module))
+    module.recipe = recipe
+    return module
