@@ -1,0 +1,109 @@
+"""[quantize.*.four_over_six] TOML sections and the converters' config-time validation."""
+
+import pytest
+from torchtitan.config import JobConfig as TorchtitanJobConfig
+from torchtitan.models.moe import utils as moe_utils
+from torchtitan.protocols.model_converter import build_model_converters
+
+from integration_helpers import CONFIG_MODULE, job_config
+from titan_fp4six.integration.converters import fqn_matches
+from titan_fp4six.modules import GROUP_ALIGN
+from titan_fp4six.ops import FourOverSixRecipe
+
+LIN = "quantize.linear.four_over_six"
+GMM = "quantize.grouped_mm.four_over_six"
+
+
+def _build(job):
+    return build_model_converters(job, None)
+
+
+def test_toml_sections_merge_into_torchtitan_config(tmp_path):
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'''
+[job]
+custom_config_module = "{CONFIG_MODULE}"
+[model]
+converters = ["{LIN}", "{GMM}"]
+[quantize.linear.four_over_six]
+err_mode = "mae"
+scale_bound = 448
+filter_fqns = ["output"]
+bf16_last_layers = 2
+[quantize.grouped_mm.four_over_six]
+backward = "dequantized"
+''')
+    from torchtitan.config.manager import ConfigManager
+
+    job = ConfigManager().parse_args(["--job.config_file", str(toml), "--quantize.linear.four_over_six.fqns",
+                                      "attention,shared_experts"])
+    lin, gmm = job.quantize.linear.four_over_six, job.quantize.grouped_mm.four_over_six
+    assert (lin.err_mode, lin.scale_bound, lin.filter_fqns, lin.bf16_last_layers) == ("mae", 448, ["output"], 2)
+    assert lin.fqns == ["attention", "shared_experts"] and lin.weight_block == FourOverSixRecipe().weight_block
+    assert (gmm.backward, gmm.fqns) == ("dequantized", ["experts"])
+    assert job.quantize.linear.float8.filter_fqns == []  # torchtitan's own sections are still there
+    converters = _build(job).converters
+    assert converters[0].recipe == FourOverSixRecipe(err_mode="mae", scale_bound=448)
+    assert converters[1].recipe == FourOverSixRecipe(backward="dequantized")
+
+
+def test_defaults_keep_lm_head_and_router_in_bf16():
+    job = job_config()
+    assert job.quantize.linear.four_over_six.filter_fqns == ["output", "router.gate"]
+    assert job.quantize.grouped_mm.four_over_six.fqns == ["experts"]
+
+
+def test_grouped_converter_aligns_token_groups(monkeypatch):
+    monkeypatch.setattr(moe_utils, "TOKEN_GROUP_ALIGN_SIZE_M", 8)
+    _build(job_config())
+    assert moe_utils.TOKEN_GROUP_ALIGN_SIZE_M == GROUP_ALIGN == 128
+
+
+def test_fqn_matching_is_by_dotted_parts():
+    assert fqn_matches("layers.3.moe.experts", "experts")
+    assert not fqn_matches("layers.3.moe.shared_experts", "experts")
+    assert fqn_matches("layers.3.moe.router.gate", "router.gate")
+    assert fqn_matches("layers.3.attention.wq", "layers.3")
+    assert not fqn_matches("layers.13.attention.wq", "layers.3")
+
+
+@pytest.mark.parametrize("args, converters, match", [
+    (["--compile.enable", "--compile.backend", "cudagraphs"], LIN, r"compile.backend='cudagraphs'"),
+    (["--quantize.linear.four_over_six.backward", "quantized", "--quantize.linear.four_over_six.activation_scaling",
+      "row"], LIN, rf"\[{LIN}\].*backward='quantized'.*{LIN}.activation_scaling"),
+    (["--quantize.grouped_mm.four_over_six.backward", "quantized"], GMM, rf"\[{GMM}\].*grouped"),
+    (["--parallelism.expert_parallel_comm_backend", "deepep"], GMM, "expert_parallel_comm_backend=\"deepep\""),
+    ([], f"{GMM},quantize.linear.float8", r"mixes \[.quantize.linear.float8.\]"),
+    (["--quantize.linear.four_over_six.err_mode", "l1"], LIN, rf"\[{LIN}\].*err_mode='l1'.*{LIN}.err_mode"),
+    (["--quantize.grouped_mm.four_over_six.scale_bound", "300"], GMM, rf"\[{GMM}\].*scale_bound=300"),
+    (["--quantize.linear.four_over_six.weight_block", "8x8"], LIN, "weight_block='8x8'"),
+    (["--quantize.linear.four_over_six.bf16_first_layers", "-1"], LIN, f"{LIN}.bf16_first_layers=-1"),
+    (["--parallelism.tensor_parallel_degree", "2"], LIN, "tensor_parallel_degree=2"),
+    (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
+    (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+      "--parallelism.expert_tensor_parallel_degree", "2"], GMM, "expert_tensor_parallel_degree = 1"),
+])
+def test_config_errors_name_the_toml_keys(args, converters, match):
+    job = job_config(*args, converters=converters)
+    with pytest.raises(ValueError, match=match):
+        _build(job)
+
+
+def test_cudagraph_compiler_pass_is_rejected():
+    job = job_config("--compile.enable")
+    job.compile.passes = ["autobucketing_reordering", "cudagraph"]  # the compiler toolkit's field
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        _build(job)
+
+
+def test_missing_sections_say_which_module_to_load():
+    job = TorchtitanJobConfig()
+    job.model.converters = [LIN]
+    with pytest.raises(ValueError, match=f'custom_config_module = "{CONFIG_MODULE}"'):
+        _build(job)
+
+
+def test_valid_combinations_build():
+    _build(job_config("--compile.enable", "--parallelism.expert_parallel_degree", "2",
+                      "--quantize.linear.four_over_six.activation_scaling", "row",
+                      "--quantize.grouped_mm.four_over_six.backward", "dequantized"))

@@ -1,0 +1,204 @@
+"""torchtitan model converters `quantize.linear.four_over_six` and `quantize.grouped_mm.four_over_six`.
+
+torchtitan builds each converter from the whole job config (so `__init__` is where cross-section checks
+live, with errors naming the TOML keys) and calls `convert(model)` on the meta-device model before any
+parallelism, compile or FSDP. Converting swaps modules for stateless subclasses: the state_dict is unchanged.
+"""
+
+from torch import nn
+from torchtitan.models.moe.moe import GroupedExperts
+from torchtitan.models.moe.utils import set_token_group_alignment_size_m
+from torchtitan.protocols.model_converter import register_model_converter
+from torchtitan.tools.logging import logger
+
+from ..modules.experts import GROUP_ALIGN, convert_experts
+from ..modules.linear import FourOverSixLinear
+from ..ops.recipe import FourOverSixRecipe
+from . import metrics
+
+FAMILY = "four_over_six"
+CONFIG_MODULE = "titan_fp4six.integration.job_config"
+_RECIPE_KNOBS = ("err_mode", "scale_bound", "weight_block", "activation_scaling", "backward")
+BLOCK = 16
+
+
+def fqn_matches(fqn: str, pattern: str) -> bool:
+    """True when the dotted parts of `pattern` appear as a contiguous run in those of `fqn`.
+
+    So "experts" matches "layers.3.moe.experts" but not "layers.3.moe.shared_experts", and
+    "layers.3" selects that layer's whole subtree.
+    """
+    parts, want = fqn.split("."), pattern.split(".")
+    return any(parts[i:i + len(want)] == want for i in range(len(parts) - len(want) + 1))
+
+
+def layer_index(fqn: str) -> int | None:
+    """Decoder layer number of a module under `layers.<i>`, else None."""
+    parts = fqn.split(".")
+    for name, nxt in zip(parts, parts[1:]):
+        if name == "layers" and nxt.isdigit():
+            return int(nxt)
+    return None
+
+
+def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
+    """Indices of the first `bf16_first_layers` and last `bf16_last_layers` decoder layers of `model`."""
+    first, last = cfg.bf16_first_layers, cfg.bf16_last_layers
+    if not first and not last:
+        return set()
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{section}.bf16_first_layers/bf16_last_layers need a model with a `layers` stack; "
+                         f"{type(model).__name__} has none")
+    order = sorted(int(name) for name, _ in layers.named_children())
+    return set(order[:first]) | set(order[len(order) - last:] if last else ())
+
+
+def build_recipe(cfg, section: str, *, grouped: bool) -> FourOverSixRecipe:
+    """The recipe of one TOML section; any invalid knob is reported with its full TOML key."""
+    knobs = {name: getattr(cfg, name) for name in _RECIPE_KNOBS}
+    try:
+        recipe = FourOverSixRecipe(**knobs)
+        recipe.resolved_backward(grouped)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"[{section}] {e} (keys: {', '.join(f'{section}.{k}' for k in _RECIPE_KNOBS)})") from e
+    return recipe
+
+
+def validate_job_config(job_config, kind: str):
+    """Cross-section checks for converter `kind` ("linear" or "grouped_mm"); returns (section cfg, recipe)."""
+    section = f"quantize.{kind}.{FAMILY}"
+    cfg = getattr(getattr(getattr(job_config, "quantize", None), kind, None), FAMILY, None)
+    if cfg is None:
+        raise ValueError(f"model.converters lists {section} but its config section is missing: set "
+                         f'[job] custom_config_module = "{CONFIG_MODULE}"')
+    others = [c for c in job_config.model.converters if "quantize" in c and c.split(".")[-1] != FAMILY]
+    if others:
+        raise ValueError(f"model.converters mixes {others} with {section}: one quantization family per run "
+                         f"(use quantize.linear.{FAMILY} and/or quantize.grouped_mm.{FAMILY} alone)")
+    compile_cfg = job_config.compile
+    if "cudagraph" in compile_cfg.backend or any("cudagraph" in p for p in getattr(compile_cfg, "passes", ())):
+        raise ValueError(f"compile.backend={compile_cfg.backend!r} / compile.passes use CUDA graphs, which "
+                         f"{section} cannot run under: the grouped path reads group sizes on the host and the "
+                         "amax reductions are data dependent. Use compile.backend = \"inductor\"")
+    for key in ("bf16_first_layers", "bf16_last_layers"):
+        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 0:
+            raise ValueError(f"{section}.{key}={getattr(cfg, key)!r}; it must be an integer >= 0")
+    par = job_config.parallelism
+    if kind == "linear" and par.tensor_parallel_degree > 1:
+        raise ValueError(f"{section} with parallelism.tensor_parallel_degree={par.tensor_parallel_degree}: "
+                         "tensor-parallel shards would get per-shard amaxes; use FSDP (data_parallel_shard_degree)")
+    if kind == "grouped_mm":
+        if par.expert_parallel_comm_backend == "deepep":
+            raise ValueError(f"{section} with parallelism.expert_parallel_comm_backend=\"deepep\": DeepEP does "
+                             f"not pad token groups to {GROUP_ALIGN} rows; use \"standard\"")
+        etp = par.expert_tensor_parallel_degree if par.expert_parallel_degree > 1 else par.tensor_parallel_degree
+        if etp > 1:
+            raise ValueError(f"{section} with expert tensor parallelism (parallelism.tensor_parallel_degree="
+                             f"{par.tensor_parallel_degree}, expert_parallel_degree={par.expert_parallel_degree}, "
+                             f"expert_tensor_parallel_degree={par.expert_tensor_parallel_degree}): experts must "
+                             "hold whole weights per rank; use expert_parallel_degree > 1 with "
+                             "expert_tensor_parallel_degree = 1")
+    return cfg, build_recipe(cfg, section, grouped=kind == "grouped_mm")
+
+
+def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    parent, _, name = fqn.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, new)
+
+
+class _Converter:
+    kind: str
+
+    def __init__(self, job_config, parallel_dims):
+        self.section = f"quantize.{self.kind}.{FAMILY}"
+        self.cfg, self.recipe = validate_job_config(job_config, self.kind)
+        metrics.install()
+
+    def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
+        pass
+
+
+class FourOverSixLinearConverter(_Converter):
+    """Swap matching nn.Linear for FourOverSixLinear; see [quantize.linear.four_over_six]."""
+
+    kind = "linear"
+
+    @staticmethod
+    def unsupported(linear: nn.Linear) -> str | None:
+        """Why this Linear cannot be quantized (both GEMM dims are blocked by 16 somewhere), or None."""
+        bad = [f"{name}={n}" for name, n in (("in_features", linear.in_features), ("out_features",
+                                                                                   linear.out_features)) if n % BLOCK]
+        return f"{' and '.join(bad)} not a multiple of {BLOCK}" if bad else None
+
+    def convert(self, model: nn.Module):
+        cfg, section = self.cfg, self.section
+        keep_layers = bf16_layers(model, cfg, section)
+        converted, skipped, hits = [], [], set()
+        for fqn, mod in list(model.named_modules()):
+            if type(mod) is not nn.Linear:
+                continue
+            listed = [p for p in cfg.fqns if fqn_matches(fqn, p)]
+            if cfg.fqns and not listed:
+                continue
+            filtered = [p for p in cfg.filter_fqns if fqn_matches(fqn, p)]
+            why = (f"it matches {section}.filter_fqns {filtered}" if filtered
+                   else "its layer is kept in bf16 (bf16_first_layers/bf16_last_layers)"
+                   if layer_index(fqn) in keep_layers else self.unsupported(mod))
+            if why is None:
+                _replace(model, fqn, FourOverSixLinear.from_linear(mod, self.recipe))
+                converted.append(fqn)
+                hits.update(listed)
+                metrics.track(fqn, mod.weight.numel(), self.recipe, grouped=False)
+            elif listed:
+                raise ValueError(f"{section}.fqns lists {listed} but {fqn} cannot be converted: {why}")
+            elif not filtered and layer_index(fqn) not in keep_layers:
+                skipped.append(f"{fqn} ({why})")
+        missing = [p for p in cfg.fqns if p not in hits]
+        if missing:
+            raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
+        logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})")
+        if skipped:
+            logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
+
+
+class FourOverSixGroupedMMConverter(_Converter):
+    """Make matching routed experts run the four-over-six grouped GEMMs; see [quantize.grouped_mm.four_over_six]."""
+
+    kind = "grouped_mm"
+
+    def __init__(self, job_config, parallel_dims):
+        super().__init__(job_config, parallel_dims)
+        set_token_group_alignment_size_m(GROUP_ALIGN)  # EP dispatch pads every expert group to this
+
+    def convert(self, model: nn.Module):
+        cfg, section = self.cfg, self.section
+        keep_layers = bf16_layers(model, cfg, section)
+        converted, hits = [], set()
+        for fqn, mod in list(model.named_modules()):
+            listed = [p for p in cfg.fqns if fqn_matches(fqn, p)]
+            if not listed or not isinstance(mod, GroupedExperts):
+                continue
+            hits.update(listed)
+            if layer_index(fqn) in keep_layers:
+                continue
+            bad = [f"{n} {tuple(getattr(mod, n).shape)}" for n in ("w1", "w2", "w3")
+                   if any(d % BLOCK for d in getattr(mod, n).shape[1:])]
+            if bad:
+                raise ValueError(f"{section}.fqns selects {fqn} whose {', '.join(bad)} have dims that are not "
+                                 f"multiples of {BLOCK}; remove it from {section}.fqns")
+            convert_experts(mod, self.recipe)
+            converted.append(fqn)
+            router = getattr(model.get_submodule(fqn.rpartition(".")[0]), "router", None)
+            top_k = getattr(router, "top_k", mod.num_experts)
+            metrics.track(fqn, sum(getattr(mod, n).numel() for n in ("w1", "w2", "w3")) * top_k // mod.num_experts,
+                          self.recipe, grouped=True)
+        missing = [p for p in cfg.fqns if p not in hits]
+        if missing:
+            raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
+        logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
+                    f"token groups aligned to {GROUP_ALIGN} rows")
+
+
+register_model_converter(FourOverSixLinearConverter, f"quantize.linear.{FAMILY}")
+register_model_converter(FourOverSixGroupedMMConverter, f"quantize.grouped_mm.{FAMILY}")

@@ -1,0 +1,118 @@
+"""MFU against the peak that matches what runs, and the map-to-4 fraction, in torchtitan's metrics.
+
+torchtitan divides model FLOPs by the bf16 dense peak. The emulated four-over-six GEMMs (Hopper, CPU) are
+bf16 work, so that peak is right for them. Where the quantized GEMMs run on FP4 tensor cores (Blackwell),
+their share of the FLOPs is timed against the FP4 peak: the peak becomes the harmonic mix
+F / (F_fp4 / P_fp4 + (F - F_fp4) / P_bf16), so MFU = 100 * achieved / attainable-at-peak.
+
+Hook: torchtitan gives converters no handle on its MetricsProcessor, and the processor is built by
+`torchtitan.train` (or a copy of it run as `__main__`), so a wrapper is installed once on
+`MetricsProcessor.log` when a four-over-six converter is built. Before calling the original it sets
+`gpu_peak_flops` to the matching peak (logged once, saying which peak it is) and adds the map-to-4
+fraction since the last log to `extra_metrics` (so tensorboard/wandb get it); after, it prints one console
+line with the fraction, right under torchtitan's step line.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools.logging import logger
+
+from ..ops import blackwell
+from ..ops.recipe import FourOverSixRecipe
+from ..ops.stats import MAP4_STATS
+
+MAP4_METRIC = "four_over_six/map4_fraction"
+
+FP4_PEAKS = {  # device-name substring -> (dense bf16, dense NVFP4) FLOP/s, NVIDIA Blackwell datasheets
+    "GB200": (2.5e15, 10e15),
+    "B200": (2.25e15, 9e15),
+}
+
+_tracked: dict[str, tuple[int, FourOverSixRecipe, bool]] = {}
+
+
+def track(fqn: str, active_params: int, recipe: FourOverSixRecipe, *, grouped: bool) -> None:
+    """Record a converted module: its weight params active per token and how its GEMMs run."""
+    _tracked[fqn] = (active_params, recipe, grouped)
+
+
+def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
+    """FLOPs per token per weight param that run as NVFP4 GEMMs where native FP4 kernels exist.
+
+    The ops run them natively only for per-tensor (per-group) activation scales: the forward GEMM (2), plus
+    dgrad and wgrad (4) for a dense GEMM whose backward resolves to "quantized"; other backwards are bf16.
+    """
+    if recipe.row_scaled:
+        return 0
+    return 2 if grouped or recipe.resolved_backward(grouped) != "quantized" else 6
+
+
+def fp4_flops_per_token() -> int:
+    return sum(params * fp4_flops_per_param(recipe, grouped) for params, recipe, grouped in _tracked.values())
+
+
+def native_fp4(job_config, parallel_dims) -> bool:
+    """Whether the quantized GEMMs run on FP4 tensor cores: a Blackwell GPU and bf16 compute (the kernels
+    emit bf16; torchtitan computes in bf16 under FSDP mixed precision, else in training.dtype)."""
+    training = job_config.training
+    dtype = training.mixed_precision_param if parallel_dims.fsdp_enabled else training.dtype
+    if not torch.cuda.is_available() or dtype != "bfloat16":
+        return False
+    return blackwell.available(torch.device("cuda", torch.cuda.current_device()))
+
+
+@dataclass(frozen=True)
+class MfuPeak:
+    flops: float
+    description: str
+
+
+def select_peak(device_name: str, bf16_peak: float, flops_per_token: float, fp4_flops: float,
+                native: bool) -> MfuPeak:
+    """The peak for MFU given where the quantized GEMMs run (FP4 tensor cores or bf16 emulation)."""
+    if not native or fp4_flops <= 0:
+        return MfuPeak(bf16_peak, f"bf16 peak {bf16_peak:.3e} FLOP/s (four-over-six GEMMs are emulated in bf16)")
+    peaks = next((p for name, p in FP4_PEAKS.items() if name in device_name), None)
+    if peaks is None:
+        return MfuPeak(bf16_peak, f"bf16 peak {bf16_peak:.3e} FLOP/s for all FLOPs: no FP4 peak known for "
+                                  f"{device_name!r}, so MFU overstates utilization of the FP4 GEMMs")
+    bf16, fp4 = peaks
+    share = min(fp4_flops / flops_per_token, 1.0)
+    peak = 1.0 / (share / fp4 + (1.0 - share) / bf16)
+    return MfuPeak(peak, f"mixed peak {peak:.3e} FLOP/s: {share:.1%} of model FLOPs in NVFP4 GEMMs at "
+                         f"{fp4:.3e}, the rest at bf16 {bf16:.3e}")
+
+
+def _peak_for(processor: MetricsProcessor) -> MfuPeak:
+    peak = getattr(processor, "_four_over_six_peak", None)
+    if peak is None:
+        native = native_fp4(processor.job_config, processor.parallel_dims)
+        peak = select_peak(processor.device_memory_monitor.device_name, processor.gpu_peak_flops,
+                           processor.num_flops_per_token, fp4_flops_per_token(), native)
+        processor._four_over_six_peak = peak
+        logger.info(f"four_over_six: MFU is computed against the {peak.description}")
+    return peak
+
+
+def install() -> None:
+    """Wrap MetricsProcessor.log once (idempotent); see the module docstring."""
+    if getattr(MetricsProcessor.log, "_four_over_six", False):
+        return
+    original = MetricsProcessor.log
+
+    @functools.wraps(original)
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        self.gpu_peak_flops = _peak_for(self).flops
+        fraction = MAP4_STATS.read_and_reset()
+        extra = dict(extra_metrics or {})
+        if fraction is not None:
+            extra[MAP4_METRIC] = fraction
+        original(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        shown = "n/a (no quantized forward since the last log)" if fraction is None else f"{fraction:.4f}"
+        logger.info(f"step: {step:2}  four_over_six map4 fraction: {shown}")
+
+    log._four_over_six = True
+    MetricsProcessor.log = log
