@@ -20,9 +20,8 @@ class Map4Stats:
         """Count a (R, C/16) bool map-to-4 mask; `valid_rows` (R,) bool drops rows that are not data."""
         if not self.enabled or map4 is None:
             return
-        if valid_rows is None:
-            hits = map4.sum()
-            total = torch.tensor(map4.numel(), device=map4.device)
+        if valid_rows is None:  # a Python int total: no host-to-device copy (which would sync the stream)
+            hits, total = map4.sum(), map4.numel()
         else:
             hits = (map4 & valid_rows[:, None]).sum()
             total = valid_rows.sum() * map4.shape[1]
