@@ -4,6 +4,7 @@ quantize+GEMM pieces are custom ops, opaque to Inductor)."""
 import torch
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from titan_fp4six.ops import MAP4_STATS
 
 
 class _Block(torch.nn.Module):
@@ -37,8 +38,11 @@ def test_compiled_equals_eager_bitwise():
     x = torch.randn(2, 24, 32, generator=g).to(torch.bfloat16)
     offs = torch.tensor([5, 5, 30, 40], dtype=torch.int32)
     dy = torch.randn(48, 32, generator=g).to(torch.bfloat16)
+    MAP4_STATS.read_and_reset()
     eager = _step(module, module, x, offs, dy)
+    eager_map4 = MAP4_STATS.read_and_reset()
     compiled = _step(torch.compile(module, fullgraph=True), module, x, offs, dy)
+    assert MAP4_STATS.read_and_reset() == eager_map4 > 0  # the compiled forward feeds the stats once
     for e, c in zip(eager, compiled):
         assert e.dtype == c.dtype and torch.equal(e, c)
     assert eager[2].abs().sum() > 0 and not eager[0][40:].any()
