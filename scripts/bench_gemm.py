@@ -8,6 +8,7 @@ top-8 routing; DeepSeek-V3 with 32 local experts, i.e. 256 experts over 8-way ex
 
 import argparse
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -50,10 +51,24 @@ def _timer(device):
     return run_cpu
 
 
+def _host_syncs(step) -> int:
+    """How many times one call of `step` makes the host wait for the GPU (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def _bench(step, args, timer):
     for _ in range(args.warmup):
         step()
-    return timer(step, args.iters)
+    ms = timer(step, args.iters)
+    return ms, (_host_syncs(step) if torch.cuda.is_available() else 0)
 
 
 def _fwd_bwd(fn, inputs, dy):
@@ -84,18 +99,18 @@ def main():
     print(f"device {name}, torch {torch.__version__}, GEMM backend: "
           f"{'Blackwell NVFP4' if blackwell.available(device) else 'emulated (bf16 decode, FP32 accumulation)'}, "
           f"bf16 decode for emulation {decode_on(device)}; fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
-    print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s}")
+    print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
 
     for label, m, k, n in QUICK_DENSE if args.quick else DENSE:
         x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16).requires_grad_()
         w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
-        base = _bench(_fwd_bwd(lambda: F.linear(x, w), (x, w), dy), args, timer)
-        print(f"{label:40s} {'bf16 F.linear':28s} {base:9.3f} {1.0:7.2f}")
+        base, syncs = _bench(_fwd_bwd(lambda: F.linear(x, w), (x, w), dy), args, timer)
+        print(f"{label:40s} {'bf16 F.linear':28s} {base:9.3f} {1.0:7.2f} {syncs:6d}")
         for mode in ("quantized", "high_precision", "dequantized"):
             recipe = FourOverSixRecipe(backward=mode)
-            ms = _bench(_fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy), args, timer)
-            print(f"{'':40s} {'4/6 linear ' + mode:28s} {ms:9.3f} {ms / base:7.2f}")
+            ms, syncs = _bench(_fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy), args, timer)
+            print(f"{'':40s} {'4/6 linear ' + mode:28s} {ms:9.3f} {ms / base:7.2f} {syncs:6d}")
         del x, w, dy
 
     for label, m, k, n, e in QUICK_GROUPED if args.quick else GROUPED:
@@ -103,14 +118,14 @@ def main():
         w = (torch.randn(e, n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
         offs = _offsets(m, e, device, gen)
-        base = _bench(_fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy), args,
-                      timer)
-        print(f"{label:40s} {'bf16 torch._grouped_mm':28s} {base:9.3f} {1.0:7.2f}")
+        base, syncs = _bench(_fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy),
+                             args, timer)
+        print(f"{label:40s} {'bf16 torch._grouped_mm':28s} {base:9.3f} {1.0:7.2f} {syncs:6d}")
         for mode in ("high_precision", "dequantized"):
             recipe = FourOverSixRecipe(backward=mode)
-            ms = _bench(_fwd_bwd(lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe),
-                                 (a, w), dy), args, timer)
-            print(f"{'':40s} {'4/6 grouped ' + mode:28s} {ms:9.3f} {ms / base:7.2f}")
+            ms, syncs = _bench(_fwd_bwd(lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs,
+                                                                         recipe=recipe), (a, w), dy), args, timer)
+            print(f"{'':40s} {'4/6 grouped ' + mode:28s} {ms:9.3f} {ms / base:7.2f} {syncs:6d}")
         del a, w, dy
 
 
