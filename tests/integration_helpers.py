@@ -30,6 +30,11 @@ def build_model(name: str, job, device="meta", **arg_overrides):
         return cls(args), args
 
 
+SMALL_DEEPSEEK = dict(vocab_size=512, dim=128, inter_dim=256, moe_inter_dim=64, n_layers=2, n_heads=4, kv_lora_rank=64,
+                      qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+"""A DeepSeek-V3 debug model shrunk until the CPU reference quantizers take milliseconds (dims stay x16)."""
+
+
 def convert(model, job):
     build_model_converters(job, None).convert(model)
     return model

@@ -8,7 +8,7 @@ from torch import nn
 from torchtitan.models.moe.moe import FeedForward, GroupedExperts
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
-from integration_helpers import build_model, convert, job_config
+from integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts
 
@@ -119,9 +119,12 @@ def test_experts_with_unquantizable_dims_are_an_error():
 
 def test_converted_model_loads_bf16_checkpoint_both_ways():
     job = job_config()
-    plain, _ = build_model("deepseek_v3", job, device="cpu", n_layers=2)
-    quant, _ = build_model("deepseek_v3", job, device="cpu", n_layers=2)
+    plain, _ = build_model("deepseek_v3", job, device="cpu", **SMALL_DEEPSEEK)
+    with torch.no_grad():
+        plain.init_weights()
+    quant, _ = build_model("deepseek_v3", job, device="cpu", **SMALL_DEEPSEEK)
     convert(quant, job)
     quant.load_state_dict(plain.state_dict(), strict=True)
-    plain.load_state_dict(quant.state_dict(), strict=True)
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), quant.state_dict().values()))
+    back, _ = build_model("deepseek_v3", job, device="cpu", **SMALL_DEEPSEEK)
+    back.load_state_dict(quant.state_dict(), strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), back.state_dict().values()))

@@ -1,0 +1,102 @@
+"""MFU peak selection (bf16 for emulated GEMMs, mixed FP4/bf16 on Blackwell) and the map-to-4 metric."""
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torchtitan.components.metrics import BaseLogger, DeviceMemStats, MetricsProcessor
+from torchtitan.tools.utils import NoColor
+
+from integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
+from titan_fp4six.integration import metrics
+from titan_fp4six.modules import FourOverSixLinear
+from titan_fp4six.modules.experts import _FourOverSixExperts
+from titan_fp4six.ops import MAP4_STATS, FourOverSixRecipe
+
+
+def test_emulated_gemms_use_the_bf16_peak():
+    peak = metrics.select_peak("NVIDIA H200", 989e12, 1e9, 5e8, native=False)
+    assert peak.flops == 989e12 and "bf16 peak" in peak.description and "emulated" in peak.description
+
+
+def test_blackwell_mixes_fp4_and_bf16_peaks():
+    peak = metrics.select_peak("NVIDIA B200", 2.25e15, 1e9, 0.5e9, native=True)
+    # half the FLOPs at 9e15 and half at 2.25e15: time per FLOP is the mean of the inverses
+    assert peak.flops == pytest.approx(1 / (0.5 / 9e15 + 0.5 / 2.25e15))
+    assert "mixed peak" in peak.description and "50.0%" in peak.description
+    gb = metrics.select_peak("NVIDIA GB200", 2.5e15, 1e9, 1e9, native=True)
+    assert gb.flops == pytest.approx(10e15)
+    unknown = metrics.select_peak("NVIDIA B300", 2.25e15, 1e9, 0.5e9, native=True)
+    assert unknown.flops == 2.25e15 and "no FP4 peak known" in unknown.description
+
+
+@pytest.mark.parametrize("recipe, grouped, expected", [
+    (FourOverSixRecipe(), False, 6),  # auto -> quantized backward: forward, dgrad, wgrad all NVFP4
+    (FourOverSixRecipe(backward="high_precision"), False, 2),
+    (FourOverSixRecipe(), True, 2),  # grouped backward is bf16
+    (FourOverSixRecipe(activation_scaling="row"), False, 0),  # no native kernel for per-row factors
+])
+def test_fp4_flops_per_param(recipe, grouped, expected):
+    assert metrics.fp4_flops_per_param(recipe, grouped) == expected
+
+
+def test_converters_account_the_quantized_flops(monkeypatch):
+    monkeypatch.setattr(metrics, "_tracked", {})
+    job = job_config()
+    model, args = build_model("deepseek_v3", job, **SMALL_DEEPSEEK)
+    convert(model, job)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, FourOverSixLinear))
+    experts = [m for m in model.modules() if isinstance(m, _FourOverSixExperts)]
+    active = sum((m.w1.numel() + m.w2.numel() + m.w3.numel()) * args.moe_args.top_k // m.num_experts
+                 for m in experts)
+    assert linear > 0 and active > 0
+    assert metrics.fp4_flops_per_token() == 6 * linear + 2 * active
+
+
+class _Recorder(BaseLogger):
+    def __init__(self):
+        self.logged = []
+
+    def log(self, metrics, step):
+        self.logged.append((step, metrics))
+
+
+def _processor(device_name, bf16_peak, flops_per_token):
+    p = MetricsProcessor.__new__(MetricsProcessor)  # no device: set what log() reads
+    stats = DeviceMemStats(0.0, 0.0, 0.0, 0.0, 0, 0)
+    p.logger, p.job_config, p.color = _Recorder(), job_config(), NoColor()
+    p.parallel_dims = SimpleNamespace(non_data_parallel_size=1, fsdp_enabled=False)
+    p.device_memory_monitor = SimpleNamespace(device_name=device_name, get_peak_stats=lambda: stats,
+                                              reset_peak_stats=lambda: None)
+    p.gpu_peak_flops, p.num_flops_per_token = bf16_peak, flops_per_token
+    p.ntokens_since_last_log, p.data_loading_times, p.time_last_log = 1000, [0.0], time.perf_counter() - 1.0
+    return p
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_installed_log_reports_mfu_peak_and_map4(native, monkeypatch, caplog):
+    monkeypatch.setattr(metrics, "_tracked", {"w": (100, FourOverSixRecipe(), False)})  # 600 FP4 FLOPs/token
+    monkeypatch.setattr(metrics, "native_fp4", lambda job, dims: native)
+    metrics.install()
+    metrics.install()  # idempotent: one wrapper
+    assert MetricsProcessor.log.__wrapped__.__name__ == "log" and not hasattr(MetricsProcessor.log.__wrapped__,
+                                                                            "_four_over_six")
+    p = _processor("NVIDIA B200", 2.25e15, 1000)
+    MAP4_STATS.read_and_reset()
+    MAP4_STATS.add(torch.tensor([[True, False], [False, False]]))
+    with caplog.at_level(logging.INFO):
+        p.log(3, 2.5, 2.6, 1.0, extra_metrics={"lr": 1e-3})
+    step, logged = p.logger.logged[-1]
+    expected_peak = 1 / (0.6 / 9e15 + 0.4 / 2.25e15) if native else 2.25e15
+    assert step == 3 and logged["lr"] == 1e-3 and logged[metrics.MAP4_METRIC] == 0.25
+    tps = logged["throughput(tps)"]
+    assert logged["mfu(%)"] == pytest.approx(100 * 1000 * tps / expected_peak)
+    assert ("mixed peak" if native else "bf16 peak") in caplog.text
+    assert "four_over_six map4 fraction: 0.2500" in caplog.text
+    # nothing quantized since the last log: no metric, the console says so
+    p.data_loading_times.append(0.0)
+    with caplog.at_level(logging.INFO):
+        p.log(4, 2.5, 2.6, 1.0)
+    assert metrics.MAP4_METRIC not in p.logger.logged[-1][1] and "n/a" in caplog.text
