@@ -2,8 +2,8 @@
 
 torchtitan imports this module and merges its top-level `JobConfig` dataclass into its own, adding
 `[quantize.linear.four_over_six]` and `[quantize.grouped_mm.four_over_six]`. Importing it also registers the
-converters and the embedded dataset. No `from __future__ import annotations` here: the merge compares real
-dataclass types. Knob values are checked by the converters' `__init__` (which see the whole job config).
+converters, the embedded dataset and the benchmark flavor. No `from __future__ import annotations` here: the
+merge compares real dataclass types. Knob values are checked by the converters' `__init__` (whole job config).
 """
 
 from dataclasses import dataclass, field
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..ops.recipe import FourOverSixRecipe
 from . import converters as _converters  # noqa: F401  (registers quantize.*.four_over_six)
 from . import data as _data  # noqa: F401  (registers the embedded dataset)
+from . import flavors as _flavors  # noqa: F401  (registers the Qwen3 benchmark flavor)
 
 _DEFAULT = FourOverSixRecipe()
 
