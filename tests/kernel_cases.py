@@ -1,0 +1,89 @@
+"""Adversarial inputs for the bitwise kernel-vs-reference sweeps (shared by the interpreter and GPU tests).
+
+Each case is (name, x, amax) with data made to hit E2M1 ties, exact error ties between the candidates,
+E4M3 saturation and subnormal scales, zero blocks, FLT_MAX clamps of the global scale, NaN and Inf.
+"""
+
+import itertools
+
+import torch
+
+from titan_fp4six.numerics import row_amax, tensor_amax
+
+TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _tie_data(rows, cols, scale_bound, gen):
+    """With amax = 6B the global scale is 1, so a block whose max is 6*2^k gets sf6 = 2^k exactly and
+    x / 2^k lands on the E2M1 tie points; blocks of {0, 6*2^k} make both candidates exact (an error tie)."""
+    k = torch.randint(-8, 6, (rows, cols // 16, 1), generator=gen).float()
+    pick = torch.randint(0, len(TIES), (rows, cols // 16, 16), generator=gen)
+    t = torch.tensor(TIES)[pick]
+    t[..., 0] = 6.0
+    sign = torch.where(torch.rand(t.shape, generator=gen) < 0.5, -1.0, 1.0)
+    exact = torch.rand((rows, cols // 16, 1), generator=gen) < 0.2
+    t = torch.where(exact, torch.where(torch.rand(t.shape, generator=gen) < 0.5, 0.0, 6.0), t)
+    return (sign * t * torch.exp2(k)).view(rows, cols), torch.tensor(6.0 * scale_bound)
+
+
+def _data(kind, rows, cols, scale_bound, gen):
+    x = torch.randn(rows, cols, generator=gen)
+    if kind == "normal":
+        return x, None
+    if kind == "ties":
+        return _tie_data(rows, cols, scale_bound, gen)
+    if kind == "wide":  # block magnitudes over ~30 binades: subnormal and zero E4M3 scales, zero blocks
+        x = x * torch.exp2(torch.randint(-30, 4, (rows, cols // 16, 1), generator=gen).float()).repeat_interleave(16, -1).view(rows, cols)
+        x[:, :16] = 0.0
+        return x, None
+    if kind == "saturate":  # amax far below the data: q clamps at +-6 and the scales saturate at 448
+        return x, tensor_amax(x) / 64
+    if kind == "nan_inf":
+        flat = x.view(-1)
+        idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 97),), generator=gen)
+        flat[idx[0::3]] = float("nan")
+        flat[idx[1::3]] = float("inf")
+        flat[idx[2::3]] = -float("inf")
+        return x, tensor_amax(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+    if kind == "huge_amax":
+        return x, torch.tensor(3.0e38)
+    if kind == "tiny_amax":  # S_enc = 6B / amax overflows: clamped to FLT_MAX
+        return x * 1e-38, torch.tensor(1e-42)
+    if kind == "zero_amax":
+        return x, torch.tensor(0.0)
+    if kind == "inf_amax":
+        return x, torch.tensor(float("inf"))
+    if kind == "nan_amax":
+        return x, torch.tensor(float("nan"))
+    raise ValueError(kind)
+
+
+KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "huge_amax", "tiny_amax", "zero_amax", "inf_amax", "nan_amax")
+
+
+def _row_amax(x, given, block):
+    """Per-row amax; for 16x16 one amax per 16-row tile (what expert weights give). Some rows get 0 / NaN."""
+    a = row_amax(x) if given is None else given.expand(x.shape[0]).clone()
+    if block == "16x16":
+        a = a.view(-1, 16).amax(dim=1).repeat_interleave(16)
+    elif a.numel() > 2:
+        a[1] = 0.0
+        a[-1] = float("nan") if a.numel() % 2 else a[-1]
+    return a
+
+
+def cases(shapes, dtypes, kinds=KINDS, seed=0):
+    """Yield (label, x, amax, block) over shapes x dtypes x kinds x block x amax mode, on CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    for (rows, cols), dtype, kind, block, per_row in itertools.product(shapes, dtypes, kinds, ("1x16", "16x16"),
+                                                                    (False, True)):
+        if block == "16x16" and rows % 16:
+            continue
+        x, amax = _data(kind, rows, cols, 256, gen)
+        x = x.to(dtype)
+        if amax is None:
+            amax = tensor_amax(x)
+        amax = amax.float()
+        if per_row:
+            amax = _row_amax(x, None if kind in ("normal", "wide", "ties", "nan_inf") else amax, block)
+        yield f"{rows}x{cols}/{str(dtype)[6:]}/{kind}/{block}/{'row' if per_row else 'tensor'}", x, amax, block

@@ -1,0 +1,132 @@
+"""Bit-exact scalar building blocks for the Triton quantizers, each mirroring the reference step for step.
+
+Hopper has no E2M1 convert instruction and its E4M3 convert treats NaN differently from PyTorch's, so both
+encodings are done in integer code on the FP32 bits with the reference's exact algorithms (torchao's
+f32_to_f4_unpacked, c10's fp8e4m3fn_from_fp32_value): same rounding, same NaN and signed-zero handling.
+Sign bits are set with bit operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0).
+Clamps keep NaN like torch.clamp (tl.minimum alone would drop it).
+"""
+
+import triton
+import triton.language as tl
+
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
+
+
+@triton.jit
+def clamp_max(v, hi):
+    """torch.clamp(v, max=hi): NaN stays NaN."""
+    return tl.where(v != v, v, tl.minimum(v, hi))
+
+
+@triton.jit
+def clamp_e2m1(v):
+    """torch.clamp(v, -6, 6): NaN stays NaN."""
+    return tl.where(v != v, v, tl.minimum(tl.maximum(v, -6.0), 6.0))
+
+
+@triton.jit
+def nan_max(a, b):
+    """Combine function of a NaN-propagating max reduction (torch.amax semantics)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def e4m3_bits(f):
+    """FP32 already clamped to <= 448 -> float8_e4m3fn bits (int32 0..255): RNE, <= 2^-10 -> 0, NaN -> 0x7F|sign."""
+    bits = f.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    # Below 2^-6: let an FP32 add of 2^14 do the RNE to multiples of 2^-9, then read the mantissa.
+    small = (mag.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+    # Normal: rebias the exponent (127 -> 7), add the RNE bias, keep the top 3 mantissa bits.
+    normal = (mag + ((-120 << 23) + 0x7FFFF) + ((mag >> 20) & 1)) >> 20
+    r = tl.where(mag >= (1087 << 20), 0x7F, tl.where(mag < (121 << 23), small, normal)) & 0xFF
+    return tl.where(bits < 0, r | 0x80, r)
+
+
+@triton.jit
+def e4m3_value(b):
+    """float8_e4m3fn bits (int32 0..255) -> FP32, exact; NaN 0x7F decodes to c10's 0x7FF00000."""
+    mag = b & 0x7F
+    subnormal = (mag & 7).to(tl.float32) * 0.001953125  # mantissa * 2^-9, exact
+    normal = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
+    v = tl.where(mag < 8, subnormal, normal).to(tl.int32, bitcast=True)
+    v = tl.where(mag == 0x7F, 0x7FF00000, v)
+    return tl.where(b >= 128, v | SIGN_BIT, v).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_code(q):
+    """FP32 in [-6, 6] (or NaN) -> E2M1 code (int32 0..15), torchao's RNE including NaN and -0.0 -> 0x8."""
+    bits = q.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    a = mag.to(tl.float32, bitcast=True)
+    # Below 1: an FP32 add of 2^22 rounds to multiples of 0.5 (ties to even), giving codes 0, 1, 2.
+    small = ((a + 4194304.0).to(tl.int32, bitcast=True) - (149 << 23)) & 0xFF
+    # Normal: rebias the exponent (127 -> 1), add the RNE bias, keep one mantissa bit. NaN lands here too.
+    normal = ((mag + ((-126 << 23) + 0x1FFFFF) + ((mag >> 22) & 1)) >> 22) & 0xFF
+    r = tl.where(a >= 6.0, 7, tl.where(a < 1.0, small, normal))
+    return tl.where(bits < 0, r | 8, r)
+
+
+@triton.jit
+def e2m1_value(code):
+    """E2M1 code (int32 0..15) -> FP32 value, exact; 0x8 -> -0.0 like torchao's decode."""
+    mag = code & 7
+    normal = ((((mag >> 1) + 126) << 23) | ((mag & 1) << 22)).to(tl.float32, bitcast=True)
+    v = tl.where(mag < 2, mag.to(tl.float32) * 0.5, normal).to(tl.int32, bitcast=True)
+    return tl.where(code >= 8, v | SIGN_BIT, v).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
+    """(A, B, 16) -> (A, B): t[0] + t[1] + ... + t[15] added strictly left to right (spec step 5).
+
+    The terms are >= 0 or NaN, so starting from t[0] equals starting from +0 + t[0]. The halving splits pick
+    out element i by the bits of i (bit 0 first); only the order of the adds below matters.
+    """
+    e, o = tl.split(tl.reshape(t, [A, B, 8, 2]))
+    e0, e1 = tl.split(tl.reshape(e, [A, B, 4, 2]))
+    o0, o1 = tl.split(tl.reshape(o, [A, B, 4, 2]))
+    e00, e01 = tl.split(tl.reshape(e0, [A, B, 2, 2]))
+    e10, e11 = tl.split(tl.reshape(e1, [A, B, 2, 2]))
+    o00, o01 = tl.split(tl.reshape(o0, [A, B, 2, 2]))
+    o10, o11 = tl.split(tl.reshape(o1, [A, B, 2, 2]))
+    t0, t8 = tl.split(e00)
+    t4, t12 = tl.split(e01)
+    t2, t10 = tl.split(e10)
+    t6, t14 = tl.split(e11)
+    t1, t9 = tl.split(o00)
+    t5, t13 = tl.split(o01)
+    t3, t11 = tl.split(o10)
+    t7, t15 = tl.split(o11)
+    s = t0 + t1
+    s = s + t2
+    s = s + t3
+    s = s + t4
+    s = s + t5
+    s = s + t6
+    s = s + t7
+    s = s + t8
+    s = s + t9
+    s = s + t10
+    s = s + t11
+    s = s + t12
+    s = s + t13
+    s = s + t14
+    s = s + t15
+    return s
+
+
+@triton.jit
+def tree_sum16(e, T: tl.constexpr, NB: tl.constexpr):
+    """(16T, NB) row-block errors -> (T, NB) tile errors in the spec's tree order (step 6).
+
+    That order is a halving tree: rows j and j+8 first, then j and j+4 of those sums, and so on. A sum over
+    an axis of size 2 is a single add, and FP addition is commutative, so each level is exact to the spec.
+    """
+    e = tl.sum(tl.reshape(e, [T, 2, 8 * NB]), 1)
+    e = tl.sum(tl.reshape(e, [T, 2, 4 * NB]), 1)
+    e = tl.sum(tl.reshape(e, [T, 2, 2 * NB]), 1)
+    return tl.sum(tl.reshape(e, [T, 2, NB]), 1)
