@@ -122,3 +122,14 @@ def test_backward_reaches_weights_and_inputs():
     run_experts_padded(*w, x2, COUNTS, recipe, align=16).square().sum().backward()
     assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
     assert torch.allclose(e.w2.grad, w[1].grad, rtol=1e-4, atol=1e-4)
+
+
+def test_autocast_runs_the_op_on_bf16_operands_without_autocast_inside():
+    recipe = FourOverSixRecipe()
+    e = convert_experts(_experts(), recipe)
+    x = _x(int(COUNTS.sum()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = e(x, COUNTS)
+    w = [p.detach().bfloat16() for p in (e.w1, e.w2, e.w3)]
+    assert out.dtype == x.dtype  # like torchtitan's experts: output in the routed input's dtype
+    assert torch.equal(out, run_experts_padded(*w, x.bfloat16(), COUNTS, recipe).float())

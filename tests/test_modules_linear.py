@@ -64,3 +64,15 @@ def test_recipe_reaches_the_op():
     b = FourOverSixLinear.from_linear(lin, FourOverSixRecipe(err_mode="mae", scale_bound=448))(x)
     assert not torch.equal(a, b)
     assert "err_mode='mae'" in repr(FourOverSixLinear.from_linear(lin, FourOverSixRecipe(err_mode="mae")))
+
+
+def test_autocast_casts_operands_like_linear_and_keeps_the_op_exact():
+    """Under AMP the op sees bf16 operands (as nn.Linear would) and runs with autocast off, so its inner
+    GEMMs keep their FP32 accumulation: equal to calling the op on bf16 operands outside autocast."""
+    lin = _linear()
+    q = FourOverSixLinear.from_linear(lin, FourOverSixRecipe())
+    x = torch.randn(32, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = q(x)
+    ref = four_over_six_linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16(), recipe=q.recipe)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref)

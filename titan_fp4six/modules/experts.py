@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..ops import FourOverSixRecipe, four_over_six_grouped_mm
+from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 
 GROUP_ALIGN = 128
@@ -59,7 +60,9 @@ class _FourOverSixExperts:
         # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
         dispatched = isinstance(self.w1, DTensor) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
         run = run_experts if dispatched else run_experts_padded
-        return run(*weights, x, num_tokens_per_expert, self.recipe)
+        *weights, x_in = autocast_operands(*weights, x)
+        with no_autocast(x.device):
+            return run(*weights, x_in, num_tokens_per_expert, self.recipe).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"recipe={self.recipe}"

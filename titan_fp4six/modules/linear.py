@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..ops import FourOverSixRecipe, four_over_six_linear
+from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 
 
@@ -35,7 +36,9 @@ class FourOverSixLinear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return four_over_six_linear(x, local_weight(self.weight, "weight"), self.bias, recipe=self.recipe)
+        x, weight, bias = autocast_operands(x, local_weight(self.weight, "weight"), self.bias)
+        with no_autocast(x.device):
+            return four_over_six_linear(x, weight, bias, recipe=self.recipe)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"
