@@ -100,3 +100,15 @@ def test_installed_log_reports_mfu_peak_and_map4(native, monkeypatch, caplog):
     with caplog.at_level(logging.INFO):
         p.log(4, 2.5, 2.6, 1.0)
     assert metrics.MAP4_METRIC not in p.logger.logged[-1][1] and "n/a" in caplog.text
+
+
+@pytest.mark.parametrize("fsdp, tp, dtype, expected", [
+    (True, False, "float32", "bfloat16"),  # FSDP mixed precision
+    (False, False, "float32", "bfloat16"),  # single device / DDP: AMP
+    (False, True, "float32", "float32"),  # TP without FSDP: neither
+    (False, True, "bfloat16", "bfloat16"),
+])
+def test_compute_dtype_follows_torchtitan(fsdp, tp, dtype, expected):
+    job = job_config("--training.dtype", dtype)
+    dims = SimpleNamespace(fsdp_enabled=fsdp, tp_enabled=tp, pp_enabled=False)
+    assert metrics.compute_dtype(job, dims) == expected

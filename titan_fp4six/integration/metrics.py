@@ -54,12 +54,20 @@ def fp4_flops_per_token() -> int:
     return sum(params * fp4_flops_per_param(recipe, grouped) for params, recipe, grouped in _tracked.values())
 
 
+def compute_dtype(job_config, parallel_dims) -> str:
+    """The dtype torchtitan computes in: mixed_precision_param under FSDP or AMP (single device / DDP),
+    training.dtype where it applies neither (TP or PP without FSDP)."""
+    training = job_config.training
+    amp = not (parallel_dims.tp_enabled or parallel_dims.pp_enabled)
+    if training.dtype == "bfloat16" or not (parallel_dims.fsdp_enabled or amp):
+        return training.dtype
+    return training.mixed_precision_param
+
+
 def native_fp4(job_config, parallel_dims) -> bool:
     """Whether the quantized GEMMs run on FP4 tensor cores: a Blackwell GPU and bf16 compute (the kernels
-    emit bf16; torchtitan computes in bf16 under FSDP mixed precision, else in training.dtype)."""
-    training = job_config.training
-    dtype = training.mixed_precision_param if parallel_dims.fsdp_enabled else training.dtype
-    if not torch.cuda.is_available() or dtype != "bfloat16":
+    emit bf16)."""
+    if not torch.cuda.is_available() or compute_dtype(job_config, parallel_dims) != "bfloat16":
         return False
     return blackwell.available(torch.device("cuda", torch.cuda.current_device()))
 
