@@ -8,12 +8,13 @@ F / (F_fp4 / P_fp4 + (F - F_fp4) / P_bf16), so MFU = 100 * achieved / attainable
 Hook: torchtitan gives converters no handle on its MetricsProcessor, and the processor is built by
 `torchtitan.train` (or a copy of it run as `__main__`), so a wrapper is installed once on
 `MetricsProcessor.log` when a four-over-six converter is built. Before calling the original it sets
-`gpu_peak_flops` to the matching peak (logged once, saying which peak it is) and adds the map-to-4
-fraction since the last log to `extra_metrics` (so tensorboard/wandb get it); after, it prints one console
-line with the fraction, right under torchtitan's step line.
+`gpu_peak_flops` to the matching peak (logged once, saying which peak it is), adds the map-to-4 fraction
+since the last log to `extra_metrics` (so tensorboard/wandb get it) and, through a logging filter held for
+that call only, appends `four_over_six map4: <fraction>` to torchtitan's console step line.
 """
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,19 @@ def _peak_for(processor: MetricsProcessor) -> MfuPeak:
     return peak
 
 
+class _AppendToStepLine(logging.Filter):
+    """Appends text to torchtitan's console step line (the record holding "step:" and "loss:")."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "step:" in record.msg and "loss:" in record.msg:
+            record.msg += self.text
+        return True
+
+
 def install() -> None:
     """Wrap MetricsProcessor.log once (idempotent); see the module docstring."""
     if getattr(MetricsProcessor.log, "_four_over_six", False):
@@ -118,9 +132,12 @@ def install() -> None:
         extra = dict(extra_metrics or {})
         if fraction is not None:
             extra[MAP4_METRIC] = fraction
-        original(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
-        shown = "n/a (no quantized forward since the last log)" if fraction is None else f"{fraction:.4f}"
-        logger.info(f"step: {step:2}  four_over_six map4 fraction: {shown}")
+        step_line = _AppendToStepLine(f"  four_over_six map4: {'n/a' if fraction is None else f'{fraction:.4f}'}")
+        logger.addFilter(step_line)
+        try:
+            original(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        finally:
+            logger.removeFilter(step_line)
 
     log._four_over_six = True
     MetricsProcessor.log = log
