@@ -76,3 +76,13 @@ def test_autocast_casts_operands_like_linear_and_keeps_the_op_exact():
         y = q(x)
     ref = four_over_six_linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16(), recipe=q.recipe)
     assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+
+
+def test_fullgraph_compile_under_autocast_equals_eager():
+    """torchtitan compiles blocks with fullgraph=True and runs them under AMP on one device: the autocast
+    handling must trace without a graph break."""
+    q = FourOverSixLinear.from_linear(_linear(), FourOverSixRecipe())
+    compiled = torch.compile(q, backend="aot_eager", fullgraph=True)
+    x = torch.randn(16, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(compiled(x), q(x))
