@@ -10,8 +10,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _dense_run(device, recipe, x, w, dy):
-    x = x.to(device).requires_grad_()
-    w = w.to(device).requires_grad_()
+    x = x.to(device, copy=True).requires_grad_()
+    w = w.to(device, copy=True).requires_grad_()
     out = four_over_six_linear(x, w, recipe=recipe)
     out.backward(dy.to(device))
     return [t.detach().cpu() for t in (out, x.grad, w.grad)]
@@ -45,7 +45,7 @@ def test_grouped_cuda_tail_rows_and_empty_groups(mode):
     recipe = FourOverSixRecipe(backward=mode)
     results = []
     for device in ("cpu", "cuda"):
-        a, w = A.to(device), W.to(device)
+        a, w = A.to(device, copy=True), W.to(device, copy=True)
         if device == "cuda":  # garbage in the non-token rows, and recycled memory for the kernels' outputs
             a[352:] = float("nan")
             torch.empty(1 << 26, device=device).fill_(float("nan"))

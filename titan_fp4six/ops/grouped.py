@@ -57,9 +57,13 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor, err_mode: str, scale_bound
                              scale_bound=scale_bound, decode=decode)
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)
-    a_groups = None if row_scaled else global_decode_factor(a_amax, scale_bound)
-    out = grouped_gemm_nt(aq, global_decode_factor(a_amax_rows, scale_bound), a_groups, wq,
-                          global_decode_factor(w_amax, scale_bound), offs, group_of_row, A.dtype)
+    if row_scaled:
+        a_groups, a_rows = None, global_decode_factor(a_amax_rows, scale_bound)
+    else:  # the same elementwise factors, expanded per row
+        a_groups = global_decode_factor(a_amax, scale_bound)
+        a_rows = _per_row(a_groups, group_of_row)
+    out = grouped_gemm_nt(aq, a_rows, a_groups, wq, global_decode_factor(w_amax, scale_bound), offs, group_of_row,
+                          A.dtype)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
 
 
