@@ -82,7 +82,7 @@ def test_padded_groups_are_multiples_of_the_alignment(monkeypatch):
     import titan_fp4six.modules.experts as mod
 
     real = mod.run_experts
-    monkeypatch.setattr(mod, "run_experts", lambda *a: seen.append((a[3].shape[0], a[4].clone())) or real(*a))
+    monkeypatch.setattr(mod, "run_experts", lambda *a, **k: seen.append((a[3].shape[0], a[4].clone())) or real(*a, **k))
     e = convert_experts(_experts(), FourOverSixRecipe())
     e(_x(int(COUNTS.sum())), COUNTS)
     rows, sizes = seen[0]

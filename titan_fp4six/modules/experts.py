@@ -25,10 +25,13 @@ GROUP_ALIGN = 128
 
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe) -> torch.Tensor:
-    """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros."""
+                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, rows: int | None = None) -> torch.Tensor:
+    """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros.
+
+    `rows` is offs[-1] when the caller already knows it (saves a host sync)."""
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
-    rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
+    if rows is None:
+        rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
     xs = x[:rows]
     h = F.silu(four_over_six_grouped_mm(xs, w1.transpose(-2, -1), offs, recipe=recipe))
     h = h * four_over_six_grouped_mm(xs, w3.transpose(-2, -1), offs, recipe=recipe)
@@ -46,8 +49,9 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
     expert_of_row = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts,
                                             output_size=x.shape[0])
     dest = shift[expert_of_row] + torch.arange(x.shape[0], device=x.device)
-    x_padded = x.new_zeros(int(sizes.sum()), x.shape[1]).index_copy(0, dest, x)
-    return run_experts(w1, w2, w3, x_padded, sizes, recipe).index_select(0, dest)
+    total = int(sizes.sum())  # the one host sync of this path
+    x_padded = x.new_zeros(total, x.shape[1]).index_copy(0, dest, x)
+    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=total).index_select(0, dest)
 
 
 class _FourOverSixExperts:
