@@ -25,7 +25,8 @@ GROUP_ALIGN = 128
 
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, rows: int | None = None) -> torch.Tensor:
+                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
+                rows: int | None = None) -> torch.Tensor:
     """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros.
 
     `rows` is offs[-1] when the caller already knows it (saves a host sync)."""
