@@ -87,3 +87,49 @@ def cases(shapes, dtypes, kinds=KINDS, seed=0):
         if per_row:
             amax = _row_amax(x, None if kind in ("normal", "wide", "ties", "nan_inf") else amax, block)
         yield f"{rows}x{cols}/{str(dtype)[6:]}/{kind}/{block}/{'row' if per_row else 'tensor'}", x, amax, block
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
+
+
+def compare(kq, x, amax, block, err_mode, scale_bound, *, nan_block_codes=True):
+    """Names of the outputs where the kernel module `kq` differs from the reference (empty list: bitwise equal).
+
+    Runs four-over-six quantize, the fused quantize-decode and (for 1x16) standard NVFP4. With
+    nan_block_codes=False, codes inside NaN-scale blocks are not compared: the reference's codes there depend
+    on how the device propagates NaN payloads (CPU keeps them, CUDA canonicalizes), which the Triton
+    interpreter (numpy) does not reproduce; the block decodes to NaN either way. On a GPU compare everything.
+    """
+    from titan_fp4six.numerics import decode_block_scaled, reference
+
+    def codes_equal(codes, ref_codes, ref_scales):
+        diff = (codes != ref_codes).view(codes.shape[0], -1, 8).any(-1)
+        if not nan_block_codes:
+            diff &= (ref_scales.view(torch.uint8) & 0x7F) != 0x7F
+        return not bool(diff.any())
+
+    bad = []
+    rc, rs, rm = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound)
+    c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound)
+    dec, c2, s2, m2 = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
+    rdec = decode_block_scaled(rc, rs)
+    for name, got_c, got_s, got_m in (("quantize", c, s, m), ("quantize_decode", c2, s2, m2)):
+        if not codes_equal(got_c, rc, rs):
+            bad.append(f"{name}.codes")
+        if not torch.equal(_bits(got_s), _bits(rs)):
+            bad.append(f"{name}.scales")
+        if not torch.equal(got_m, rm):
+            bad.append(f"{name}.map4")
+    same_dec = torch.equal(_bits(dec), _bits(rdec)) if nan_block_codes else (
+        torch.equal(dec.isnan(), rdec.isnan()) and torch.equal(_bits(dec)[~rdec.isnan()], _bits(rdec)[~rdec.isnan()]))
+    if not same_dec:
+        bad.append("quantize_decode.decode")
+    if block == "1x16" and scale_bound == 448:
+        rc, rs = reference.nvfp4_reference(x, amax)
+        c, s = kq.nvfp4_quantize(x, amax)
+        if not codes_equal(c, rc, rs):
+            bad.append("nvfp4.codes")
+        if not torch.equal(_bits(s), _bits(rs)):
+            bad.append("nvfp4.scales")
+    return bad

@@ -74,8 +74,8 @@ def e2m1_code(q):
 def e2m1_value(code):
     """E2M1 code (int32 0..15) -> FP32 value, exact; 0x8 -> -0.0 like torchao's decode."""
     mag = code & 7
-    normal = ((((mag >> 1) + 126) << 23) | ((mag & 1) << 22)).to(tl.float32, bitcast=True)
-    v = tl.where(mag < 2, mag.to(tl.float32) * 0.5, normal).to(tl.int32, bitcast=True)
+    # Magnitudes 2..7 are 1, 1.5, 2, 3, 4, 6: FP32 bits (mag + 252) << 22. Then 0.5 and 0.
+    v = tl.where(mag > 1, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
     return tl.where(code >= 8, v | SIGN_BIT, v).to(tl.float32, bitcast=True)
 
 

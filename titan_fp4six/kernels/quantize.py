@@ -30,8 +30,8 @@ def _div(a, b):
 
 @triton.jit
 def _div_by(a, b):
-    """Correctly rounded FP32 a / b for a tensor a and a constant b."""
-    return tl.math.div_rn(a, tl.full(a.shape, b, tl.float32))
+    """Correctly rounded FP32 a / b for a tensor a and a scalar b."""
+    return tl.math.div_rn(a, tl.full(a.shape, 0.0, tl.float32) + b)
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _load_block(x_ptr, word, mask, KIND: tl.constexpr):
 
 
 @triton.jit
-def _candidate(xs, sf_bits, s_dec, amax, SIX_B: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr):
+def _candidate(xs, sf_bits, s_dec, amax, six_b, ERRORS: tl.constexpr, MSE: tl.constexpr):
     """One candidate scale (spec steps 4-5): packed codes as two int32 words and the block's error."""
     sf = e4m3_value(sf_bits)
     inv = clamp_max(_div(1.0, sf * s_dec), FLT_MAX)
@@ -69,7 +69,7 @@ def _candidate(xs, sf_bits, s_dec, amax, SIX_B: tl.constexpr, ERRORS: tl.constex
         else:
             hi = hi | (code << (4 * (i - 8)))
         if ERRORS:
-            d = _div_by((e2m1_value(code) * sf) * amax, SIX_B) - xs[i]
+            d = _div_by((e2m1_value(code) * sf) * amax, six_b) - xs[i]
             err = err + (d * d if MSE else tl.abs(d))
     return lo, hi, err
 
@@ -84,11 +84,13 @@ def _decode_word(lo, hi, sf, j: tl.constexpr):
     return (a & 0xFFFF) | (b << 16)
 
 
-@triton.jit
-def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words,
+@triton.jit(do_not_specialize=["amax_stride"])
+def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
-                     ROW_AMAX: tl.constexpr, SCALE_BOUND: tl.constexpr, WRITE_DEC: tl.constexpr,
-                     BR: tl.constexpr, NB: tl.constexpr):
+                     SIX_B: tl.constexpr, WRITE_DEC: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+    """amax_stride is 0 (per-tensor) or 1 (per-row), a runtime argument so both share one compiled kernel.
+    SIX_B = 6B stays a constant: the divisions by it then share one reciprocal seed."""
+    six_b = SIX_B
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     blks = tl.program_id(1) * NB + tl.arange(0, NB)
     ok = (rows < R)[:, None] & (blks < NBLK)[None, :]
@@ -96,11 +98,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     xs = _load_block(x_ptr, rows64 * row_words + blks[None, :] * (16 if KIND == 0 else 8), ok, KIND)
 
     # Step 1: global encode / decode scales, per tensor or per row, as (BR, 1) so they broadcast over blocks.
-    if ROW_AMAX:
-        amax = tl.load(amax_ptr + rows, mask=rows < R, other=1.0)[:, None]
-    else:
-        amax = tl.zeros([BR, 1], dtype=tl.float32) + tl.load(amax_ptr)
-    s_enc = clamp_max(_div(SCALE_BOUND * 6.0, amax), FLT_MAX)
+    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)[:, None]
+    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = _div(1.0, s_enc)
 
@@ -117,8 +116,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         base = _div_by(bamax, 6.0) * s_enc
         sf6 = e4m3_bits(clamp_max(base, 448.0))
         sf4 = e4m3_bits(clamp_max(base * 1.5, 448.0))
-        lo6, hi6, err6 = _candidate(xs, sf6, s_dec, amax, SCALE_BOUND * 6.0, True, MSE)
-        lo4, hi4, err4 = _candidate(xs, sf4, s_dec, amax, SCALE_BOUND * 6.0, True, MSE)
+        lo6, hi6, err6 = _candidate(xs, sf6, s_dec, amax, six_b, True, MSE)
+        lo4, hi4, err4 = _candidate(xs, sf4, s_dec, amax, six_b, True, MSE)
         if TILE16:
             e6 = tree_sum16(err6, BR // 16, NB)
             e4 = tree_sum16(err4, BR // 16, NB)
@@ -133,7 +132,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error.
         mult = s_enc * _div(1.0, tl.full([BR, 1], 6.0, tl.float32))
         sf = e4m3_bits(clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0))
-        lo, hi, unused = _candidate(xs, sf, s_dec, amax, SCALE_BOUND * 6.0, False, MSE)
+        lo, hi, unused = _candidate(xs, sf, s_dec, amax, six_b, False, MSE)
 
     tl.store(scales_ptr + rows64 * NBLK + blks[None, :], sf.to(tl.uint8), mask=ok)
     code_word = rows64 * (NBLK * 2) + blks[None, :] * 2
@@ -159,9 +158,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
         _quantize_kernel[grid](words, amax, codes.view(torch.int32), scales,
                                scales if map4 is None else map4.view(torch.uint8),
                                scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0),
-                               KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
-                               MSE=err_mode == "mse", ROW_AMAX=amax.dim() == 1, SCALE_BOUND=scale_bound,
-                               WRITE_DEC=decode, BR=BLOCK_ROWS, NB=BLOCKS_PER_PROGRAM, num_warps=NUM_WARPS,
+                               amax.dim(), KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
+                               MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, WRITE_DEC=decode, BR=BLOCK_ROWS, NB=BLOCKS_PER_PROGRAM, num_warps=NUM_WARPS,
                                **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 

@@ -1,34 +1,13 @@
 """Public quantize / dequantize entry points: validate, then run the numerics of ../spec numerics.md."""
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from . import reference
+from .dispatch import fast_path
 from .formats import BLOCK_SIZE, E2M1_MAX, e2m1_decode, unpack_codes
 from .validation import SCALE_BOUNDS, check_choice, check_quantize_args
-
-_log = logging.getLogger(__name__)
-
-
-def _fast_path(x: torch.Tensor):
-    """The Triton kernels module when x is eligible for it, else None: the reference runs, same bytes.
-
-    Imported lazily so that numerics never imports Triton on CPU-only machines.
-    """
-    if x.device.type != "cuda":
-        _log.debug("quantize: reference path (x on %s, kernels need CUDA)", x.device)
-        return None
-    try:
-        from ..kernels import quantize as kernels
-    except ImportError as exc:
-        _log.debug("quantize: reference path (Triton kernels unavailable: %s)", exc)
-        return None
-    if not kernels.eligible(x):
-        _log.debug("quantize: reference path (x strides %s: kernels need contiguous rows)", x.stride())
-        return None
-    return kernels
 
 
 @dataclass(frozen=True)
@@ -53,7 +32,7 @@ def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = 
                            scale_bound: int = 256) -> NVFP4Blocks:
     """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax."""
     check_quantize_args(x, amax, block, err_mode, scale_bound)
-    kernels = _fast_path(x)
+    kernels = fast_path(x, "quantize")
     impl = kernels.four_over_six_quantize if kernels else reference.four_over_six_reference
     return NVFP4Blocks(*impl(x, amax, block, err_mode, scale_bound))
 
@@ -61,7 +40,7 @@ def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = 
 def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Blocks:
     """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
     check_quantize_args(x, amax, "1x16", "mse", 448)
-    kernels = _fast_path(x)
+    kernels = fast_path(x, "quantize")
     return NVFP4Blocks(*(kernels.nvfp4_quantize if kernels else reference.nvfp4_reference)(x, amax))
 
 
@@ -80,7 +59,7 @@ def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block:
     On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
     """
     check_quantize_args(x, amax, block, err_mode, scale_bound)
-    kernels = _fast_path(x)
+    kernels = fast_path(x, "quantize")
     if kernels:
         dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
         return dec, NVFP4Blocks(codes, scales, map4)

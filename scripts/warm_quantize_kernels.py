@@ -1,0 +1,46 @@
+"""Compile every quantizer kernel variant (input dtype x 1x16/16x16 x mae/mse x B x decode, and standard
+NVFP4) in parallel processes, filling Triton's on-disk cache so tests and benchmarks start without
+compiling ~50 large unrolled kernels one after another.
+
+    python scripts/warm_quantize_kernels.py [--jobs 16]
+"""
+
+import argparse
+import itertools
+from concurrent.futures import ProcessPoolExecutor
+
+VARIANTS = [(dtype, *knobs) for dtype in ("bfloat16", "float16", "float32")
+            for knobs in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448), (False, True))]
+VARIANTS += [(dtype, "nvfp4", None, 448, False) for dtype in ("bfloat16", "float16", "float32")]
+
+
+def _compile(variant) -> str:
+    import torch
+
+    from titan_fp4six.kernels import quantize as kq
+
+    dtype, block, err_mode, bound, decode = variant
+    x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
+    amax = torch.ones((), device="cuda")
+    if block == "nvfp4":
+        kq.nvfp4_quantize(x, amax)
+    elif decode:
+        kq.four_over_six_quantize_decode(x, amax, block, err_mode, bound)
+    else:
+        kq.four_over_six_quantize(x, amax, block, err_mode, bound)
+    torch.cuda.synchronize()
+    return str(variant)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=16)
+    args = parser.parse_args()
+    import multiprocessing
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_compile, VARIANTS))
+    print(f"compiled {len(done)} quantizer kernel variants")
+
+
+if __name__ == "__main__":
+    main()

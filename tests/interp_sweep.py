@@ -1,0 +1,39 @@
+"""Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: kernels vs reference on the CPU.
+
+Prints one line per mismatching configuration and a final `configs N mismatches M` line.
+"""
+
+import os
+import sys
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+from kernel_cases import cases, compare  # noqa: E402
+from titan_fp4six.kernels import quantize as kq  # noqa: E402
+
+SHAPES = [(16, 32), (3, 48)]
+KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "tiny_amax")
+
+
+def main() -> int:
+    configs = mismatches = 0
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    # Every 11th case (11 is prime to the case grid's periods, so dtypes, kinds, blocks and amax modes all
+    # rotate through), alternating the knob pairs: a thin but complete sample that runs in CI time.
+    for index, (label, x, amax, block) in enumerate(cases(SHAPES, dtypes, KINDS)):
+        if index % 11:
+            continue
+        err_mode, bound = (("mse", 448), ("mae", 256))[configs % 2]
+        configs += 1
+        bad = compare(kq, x, amax, block, err_mode, bound, nan_block_codes=False)
+        if bad:
+            mismatches += 1
+            print("MISMATCH", label, err_mode, bound, bad)
+    print("configs", configs, "mismatches", mismatches)
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
