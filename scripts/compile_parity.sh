@@ -10,16 +10,16 @@ steps=${STEPS:-6}
 mkdir -p "$out"
 common=(--training.steps "$steps" --metrics.log_freq 1 --training.seq_len 512 --training.local_batch_size 4
         --lr_scheduler.warmup_steps 2 --debug.seed 0 --metrics.disable_color_printing)
-run() {  # label config compile
+run() {  # label config compile-flag (tyro booleans: --compile.enable / --compile.no-enable)
     python -m titan_fp4six.train --job.config_file "configs/deepseek_v3_debugmodel_$2.toml" "${common[@]}" \
-        --compile.enable "$3" --job.dump_folder "$out/dump_$1" > "$out/$1.log" 2>&1
+        "$3" --job.dump_folder "$out/dump_$1" > "$out/$1.log" 2>&1
     echo "$1 exit $?"
 }
-run nvfp4_eager nvfp4_four_over_six false &
-run nvfp4_eager_repeat nvfp4_four_over_six false &
-run nvfp4_compile nvfp4_four_over_six true &
-run bf16_eager bf16 false &
-run bf16_compile bf16 true &
+run nvfp4_eager nvfp4_four_over_six --compile.no-enable &
+run nvfp4_eager_repeat nvfp4_four_over_six --compile.no-enable &
+run nvfp4_compile nvfp4_four_over_six --compile.enable &
+run bf16_eager bf16 --compile.no-enable &
+run bf16_compile bf16 --compile.enable &
 wait
 for f in "$out"/*.log; do
     echo "== $f"; grep -E "MFU is computed|step: *[0-9]+ .*loss:|Error|error:" "$f" | sed 's/^.*root - INFO - //' | head -20
