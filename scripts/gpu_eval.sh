@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU evaluation behind docs/results.md, in one sitting on one H200 (about 4-5 minutes):
+# The GPU evaluation behind docs/results.md, in one sitting on one H200 (about 4-4.5 minutes):
 #   1. loss curves, in parallel: DeepSeek-V3 and Qwen3 MoE debug recipes vs their bf16 twins and vs the knob
 #      setting closest to plain NVFP4 (scale_bound 448, 1x16 weights), same seed and data, STEPS steps;
 #      alongside, the quantization-error report on tensors captured from a GPU training of both debug models;
@@ -9,15 +9,15 @@
 set -u
 RESULTS=${RESULTS:-/tmp/eval}
 STEPS=${STEPS:-300}
-LOSS_TIMEOUT=${LOSS_TIMEOUT:-110}   # seconds per loss-curve training (the curves keep the steps reached)
-TP_BUDGET=${TP_BUDGET:-150}         # seconds for all throughput trainings together
+LOSS_TIMEOUT=${LOSS_TIMEOUT:-100}   # seconds per loss-curve training (the curves keep the steps reached)
+TP_BUDGET=${TP_BUDGET:-140}         # seconds for all throughput trainings together
 LOSS_ARGS=(-- --training.local_batch_size 8 --training.seq_len 512)
 mkdir -p "$RESULTS"
 export PYTHONUNBUFFERED=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  python -c "import importlib.metadata as m; print('torchtitan', m.version('torchtitan'), 'torchao', m.version('torchao'))"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  python3 -c "import importlib.metadata as m; print('torchtitan', m.version('torchtitan'), 'torchao', m.version('torchao'))"
 } > "$RESULTS/hardware.txt" 2>&1
 
 DS=configs/deepseek_v3_debugmodel
@@ -26,17 +26,17 @@ DS_448="--quantize.linear.four_over_six.scale_bound 448 --quantize.linear.four_o
 DS_448="$DS_448 --quantize.grouped_mm.four_over_six.scale_bound 448 --quantize.grouped_mm.four_over_six.weight_block 1x16"
 QW_448="--quantize.grouped_mm.four_over_six.scale_bound 448"
 
-python scripts/loss_curves.py --name deepseek_v3 --out "$RESULTS/loss" --steps "$STEPS" --parallel \
+python3 scripts/loss_curves.py --name deepseek_v3 --out "$RESULTS/loss" --steps "$STEPS" --parallel \
   --timeout "$LOSS_TIMEOUT" --run "bf16=${DS}_bf16.toml" --run "4/6=${DS}_nvfp4_four_over_six.toml" \
   --run "4/6 B448 1x16=${DS}_nvfp4_four_over_six.toml $DS_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_deepseek.txt" 2>&1 &
-python scripts/loss_curves.py --name qwen3_moe --out "$RESULTS/loss" --steps "$STEPS" --parallel \
+python3 scripts/loss_curves.py --name qwen3_moe --out "$RESULTS/loss" --steps "$STEPS" --parallel \
   --timeout "$LOSS_TIMEOUT" --run "bf16=${QW}_bf16.toml" --run "4/6=${QW}_nvfp4_four_over_six.toml" \
   --run "4/6 B448=${QW}_nvfp4_four_over_six.toml $QW_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_qwen3.txt" 2>&1 &
-python scripts/quant_error_report.py --out "$RESULTS/qerr" --steps 30 --capture-steps 1,15,30 --batch 4 \
+timeout "$LOSS_TIMEOUT" python3 scripts/quant_error_report.py --out "$RESULTS/qerr" --steps 30 --capture-steps 1,15,30 --batch 4 \
   --seq-len 512 --max-rows 1024 > "$RESULTS/qerr.txt" 2>&1 &
 wait
 
-python scripts/throughput.py --out "$RESULTS/throughput" --steps 20 --warmup 8 --budget "$TP_BUDGET" \
+python3 scripts/throughput.py --out "$RESULTS/throughput" --steps 20 --warmup 8 --budget "$TP_BUDGET" \
   --run "bf16=${QW}_bf16.toml" --run "4/6 experts=${QW}_nvfp4_four_over_six.toml" \
   -- --model.flavor 30B-A3B-4layers --training.local_batch_size 4 --training.seq_len 2048 \
   > "$RESULTS/throughput.txt" 2>&1

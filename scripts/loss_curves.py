@@ -19,6 +19,7 @@ curve is not produced here; a run labelled with those knobs is that knob setting
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,21 +44,24 @@ def collect(runs: list[Run], logs: dict[str, Path], codes: dict[str, int]) -> di
         rows = parse_steps(logs[run.label].read_text())
         out[run.label] = {"config": run.config, "overrides": run.overrides, "exit_code": codes[run.label],
                           "log": logs[run.label].name, "loss": {r["step"]: r["loss"] for r in rows},
-                          "tps": {r["step"]: r.get("tps") for r in rows}}
+                          "tps": {r["step"]: r.get("tps") for r in rows},
+                          "map4": {r["step"]: r["map4"] for r in rows if "map4" in r}}
     return out
 
 
 def markdown(name: str, results: dict) -> str:
     labels = list(results)
-    lines = [f"| {name} run | steps | exit | mean loss, last {TAIL} steps | gap to {labels[0]} |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [f"| {name} run | steps | exit | mean loss, last {TAIL} steps | gap to {labels[0]} | map-to-4 |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for label in labels:
         g = final_gap(results[labels[0]], results[label])
+        map4 = list(results[label].get("map4", {}).values())
+        share = f"{100 * sum(map4) / len(map4):.1f}%" if map4 else "-"
         if not g["steps"]:
-            lines.append(f"| {label} | 0 | {results[label]['exit_code']} | - | - |")
+            lines.append(f"| {label} | 0 | {results[label]['exit_code']} | - | - | {share} |")
             continue
         lines.append(f"| {label} | {g['last_step']} | {results[label]['exit_code']} | {g['loss']:.4f} | "
-                     f"{g['gap']:+.4f} |")
+                     f"{g['gap']:+.4f} | {share} |")
     return "\n".join(lines)
 
 
@@ -126,9 +130,11 @@ def main(argv=None) -> None:
             procs[run.label] = start(run, common, logs[run.label])
             if not args.parallel:
                 codes[run.label] = wait(procs[run.label], args.timeout)
+        started = time.monotonic()  # parallel runs share one deadline
         for run in args.run:
             if run.label not in codes:
-                codes[run.label] = wait(procs[run.label], args.timeout)
+                left = None if args.timeout is None else max(1.0, args.timeout - (time.monotonic() - started))
+                codes[run.label] = wait(procs[run.label], left)
         results = collect(args.run, logs, codes)
         json_path.write_text(json.dumps(results, indent=1))
     table = markdown(args.name, results)

@@ -13,7 +13,7 @@ import titan_runs  # noqa: E402
 
 STEP_LINE = ("[titan] 2026-11-30 05:13:41,183 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:8.5f}  "
              "\x1b[38;2;180;60;0mgrad_norm:  1.5492  \x1b[38;2;54;234;195mmemory: {mem:5.2f}GiB(4.72%)  "
-             "\x1b[34mtps: {tps:,}  \x1b[36mtflops: 0.00  \x1b[35mmfu: {mfu:.2f}%\x1b[39m")
+             "\x1b[34mtps: {tps:,}  \x1b[36mtflops: 0.00  \x1b[35mmfu: {mfu:.2f}%\x1b[39m  four_over_six map4: 0.0508")
 
 
 def _log(rows):
@@ -28,6 +28,7 @@ def test_parse_steps_reads_colored_step_lines():
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["loss"] == 8.25 and rows[0]["tps"] == 12345 and rows[0]["memory"] == 1.5
     assert rows[1]["mfu"] == 0.5 and rows[1]["grad_norm"] == pytest.approx(1.5492)
+    assert rows[1]["map4"] == pytest.approx(0.0508)  # the plugin's extra metric
 
 
 def test_run_spec_parsing_and_command():
@@ -54,10 +55,11 @@ def test_final_gap_uses_the_common_tail():
 
 def test_loss_table_and_plot(tmp_path):
     results = {"bf16": {"loss": {s: 8.0 - s * 0.01 for s in range(1, 41)}, "exit_code": 0},
-               "4/6": {"loss": {s: 8.05 - s * 0.01 for s in range(1, 41)}, "exit_code": 0},
+               "4/6": {"loss": {s: 8.05 - s * 0.01 for s in range(1, 41)}, "exit_code": 0,
+                       "map4": {1: 0.1, 2: 0.2}},
                "broken": {"loss": {}, "exit_code": 1}}
     md = loss_curves.markdown("m", results)
-    assert "+0.0500" in md and "| broken | 0 | 1 |" in md
+    assert "+0.0500 | 15.0% |" in md and "| broken | 0 | 1 | - | - | - |" in md
     pytest.importorskip("matplotlib")
     loss_curves.plot("m", results, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
