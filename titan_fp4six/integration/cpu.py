@@ -2,9 +2,10 @@
 
 Why: torchtitan picks "cuda" when no accelerator is present and fails at ``set_device``; its memory monitor asks
 ``torch.cuda`` for memory statistics; MoE token permutation runs a Triton kernel unless told to use its CPU path;
-and ``torch.histc`` has no integer CPU kernel. ``titan_fp4six.train`` calls ``apply()`` only when CUDA is not
-available, so GPU runs are untouched. Each patch keeps numerics: the permutation's CPU path fills the same
-indices, and token counts below 2**24 are exact in float32.
+``torch.histc`` has no integer CPU kernel; and with FSDP2 torchtitan sets a gradient divide factor of 1.0, which
+FSDP2 turns into a ``ReduceOp.PREMUL_SUM(1.0)`` reduce-scatter that gloo rejects. ``titan_fp4six.train`` calls
+``apply()`` only when CUDA is not available, so GPU runs are untouched. Each patch keeps numerics: the permutation's CPU path fills the same
+indices, token counts below 2**24 are exact in float32, and a SUM reduce-scatter equals a PREMUL_SUM by 1.0.
 """
 
 import functools
@@ -74,6 +75,20 @@ def _histc_float_on_cpu(histc):
     return wrapper
 
 
+def _sum_reductions(disable_division):
+    """FSDP2 reduce-scatters with plain SUM (gloo has no PREMUL_SUM); the divide factor stays torchtitan's 1.0."""
+    from torch.distributed.fsdp import FSDPModule
+
+    @functools.wraps(disable_division)
+    def wrapper(model):
+        disable_division(model)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+    return wrapper
+
+
 def apply() -> None:
     """Point torchtitan at the CPU (idempotent). Call before building the Trainer, only when there is no GPU."""
     global _applied
@@ -82,6 +97,8 @@ def apply() -> None:
     import torchtitan.components.metrics as metrics
     import torchtitan.distributed.parallel_dims as parallel_dims
     import torchtitan.distributed.utils as dist_utils
+    import torchtitan.models.llama3.infra.parallelize as llama3_parallelize
+    import torchtitan.models.llama4.infra.parallelize as llama4_parallelize
     import torchtitan.models.moe.kernels as moe_kernels
     import torchtitan.models.moe.utils as moe_utils
     import torchtitan.tools.profiling as profiling
@@ -99,4 +116,7 @@ def apply() -> None:
     moe_utils.generate_permute_indices = functools.partial(moe_kernels.generate_permute_indices, use_cpu=True)
     # 3. torch.histc of expert indices: computed on float input (CPU has no integer kernel), counts cast back
     torch.histc = _histc_float_on_cpu(torch.histc)
+    # 4. FSDP2 gradient reduce-scatter as SUM (gloo); llama4's apply_fsdp (DeepSeek-V3, Qwen3) imported the name
+    for module in (llama3_parallelize, llama4_parallelize):
+        module.disable_fsdp_gradient_division = _sum_reductions(module.disable_fsdp_gradient_division)
     _applied = True
