@@ -69,3 +69,11 @@ def test_amax_helpers():
     offs = torch.tensor([1, 1, 3], dtype=torch.int32)
     assert group_amax(x, offs).tolist() == [3.0, 0.0, 7.0]
     assert group_amax(x.bfloat16(), offs).dtype == torch.float32
+
+
+def test_empty_inputs_round_trip():
+    x = torch.empty(0, 32)
+    for amax in (torch.tensor(1.0), torch.empty(0)):
+        codes, scales = four_over_six_quantize(x, amax)
+        assert codes.shape == (0, 16) and scales.shape == (0, 2)
+        assert nvfp4_dequantize(codes, scales, amax, scale_bound=256).shape == (0, 32)

@@ -1,8 +1,7 @@
 """Bit-level building blocks of NVFP4: E2M1 codes, E4M3 scales, nibble packing and the FP32 constants.
 
-Every constant that the spec defines as "the FP32 value of ..." is computed here once with FP32 tensor
-arithmetic (a correctly rounded division), never by letting a Python float be lowered to a multiply by
-an inexact reciprocal.
+Constants that the spec defines as "the FP32 value of 1/n" are computed as FP32 tensor divisions (correctly
+rounded), never by letting a Python float be lowered to a multiply by an inexact reciprocal.
 """
 
 import torch
@@ -15,10 +14,9 @@ FLT_MAX = torch.finfo(torch.float32).max
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def fp32_quotient(numerator: float, denominator: float, device=None) -> torch.Tensor:
-    """The correctly rounded FP32 quotient numerator / denominator (both exactly representable)."""
-    num = torch.tensor(numerator, dtype=torch.float32, device=device)
-    return num / torch.tensor(denominator, dtype=torch.float32, device=device)
+def fp32_const(value: float, device) -> torch.Tensor:
+    """An exactly representable FP32 constant on `device`, filled by a kernel (no blocking host-to-device copy)."""
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:

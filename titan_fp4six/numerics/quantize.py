@@ -6,7 +6,7 @@ import torch
 
 from . import reference
 from .dispatch import fast_path
-from .formats import BLOCK_SIZE, E2M1_MAX, e2m1_decode, unpack_codes
+from .formats import BLOCK_SIZE, E2M1_MAX, e2m1_decode, fp32_const, unpack_codes
 from .validation import SCALE_BOUNDS, check_choice, check_quantize_args
 
 
@@ -69,7 +69,7 @@ def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block:
 
 def global_decode_factor(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
     """amax * fl(1/(6B)): the factor between block-scaled values and real values (spec, Dequantize)."""
-    inv_six_b = torch.tensor(1.0, device=amax.device) / torch.tensor(E2M1_MAX * scale_bound, device=amax.device)
+    inv_six_b = fp32_const(1.0, amax.device) / fp32_const(E2M1_MAX * scale_bound, amax.device)
     return amax * inv_six_b
 
 
@@ -87,5 +87,5 @@ def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tens
         raise TypeError(f"amax must be float32 of shape () or ({rows},), got {amax.dtype} {tuple(amax.shape)}")
     amax_r = amax if amax.dim() == 0 else amax[:, None]
     scale = global_decode_factor(scales.float() * amax_r, scale_bound)
-    values = e2m1_decode(unpack_codes(codes)).view(rows, -1, BLOCK_SIZE)
+    values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
     return (values * scale[..., None]).view(rows, half * 2).to(dtype)

@@ -7,7 +7,8 @@ and every division divides by an FP32 tensor (correctly rounded).
 
 import torch
 
-from .formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, FLT_MAX, e2m1_decode, e2m1_encode, e4m3_round, pack_codes
+from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, FLT_MAX, e2m1_decode, e2m1_encode, e4m3_round, fp32_const,
+                      pack_codes)
 
 NAN_CODE = 0x3  # torchao's code for a positive NaN
 
@@ -16,7 +17,7 @@ _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    return fp32_const(value, like.device)
 
 
 def global_encode_scale(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:

@@ -39,9 +39,12 @@ def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str) -> None:
     if amax.shape != (rows,):
         raise ValueError(
             f"amax has shape {tuple(amax.shape)}; valid: () for per-tensor or ({rows},) for one amax per row")
-    if block == "16x16" and rows and not _tile_uniform(amax):
-        raise ValueError("row-scaled amax with block='16x16' must be equal over every 16-row tile "
-                         "(e.g. one amax per expert, N a multiple of 16); use block='1x16' for per-row amax")
+    if block == "16x16" and rows:
+        _check_tile_uniform(amax)
+
+
+_TILE_UNIFORM_MSG = ("row-scaled amax with block='16x16' must be equal over every 16-row tile (e.g. one amax per "
+                     "expert, N a multiple of 16); use block='1x16' for per-row amax")
 
 
 def check_rows_for_block(x: torch.Tensor, block: str) -> None:
@@ -49,9 +52,17 @@ def check_rows_for_block(x: torch.Tensor, block: str) -> None:
         raise ValueError(f"block='16x16' needs rows that are a multiple of {BLOCK_SIZE}, got {x.shape[0]} rows")
 
 
-def _tile_uniform(amax: torch.Tensor) -> bool:
-    bits = amax.view(torch.int32).view(-1, BLOCK_SIZE)  # bitwise, so a NaN tile counts as uniform
-    return bool((bits == bits[:, :1]).all())
+def _check_tile_uniform(amax: torch.Tensor) -> None:
+    """Raise unless amax is bitwise constant over each 16-row tile (a NaN tile counts as uniform).
+
+    On CUDA the check is an asynchronous device assert: a host-side check would synchronize on every grouped
+    forward with 16x16 expert weights."""
+    bits = amax.view(torch.int32).view(-1, BLOCK_SIZE)
+    uniform = (bits == bits[:, :1]).all()
+    if amax.is_cuda:
+        torch._assert_async(uniform, _TILE_UNIFORM_MSG)
+    elif not uniform:
+        raise ValueError(_TILE_UNIFORM_MSG)
 
 
 def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int) -> None:
