@@ -30,7 +30,7 @@ def test_frozen_and_keyword_only():
 
 @pytest.mark.parametrize("field, value, valid", [
     ("err_mode", "l2", "'mae', 'mse'"), ("scale_bound", 512, "256, 448"), ("scale_bound", True, "256, 448"),
-    ("weight_block", "32x32", "'16x16', '1x16'"), ("activation_scaling", "token", "'tensor', 'row'"),
+    ("weight_block", "32x32", "'1x16', '16x16'"), ("activation_scaling", "token", "'tensor', 'row'"),
     ("backward", "fp8", "'auto', 'quantized', 'high_precision', 'dequantized'"),
 ])
 def test_bad_knobs_name_the_field_and_valid_values(field, value, valid):

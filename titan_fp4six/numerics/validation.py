@@ -10,7 +10,8 @@ SCALE_BOUNDS = (256, 448)
 
 
 def check_choice(name: str, value, valid) -> None:
-    if value not in valid:
+    # bool is an int subclass: True must not pass for a number
+    if isinstance(value, bool) or value not in valid:
         raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))}")
 
 

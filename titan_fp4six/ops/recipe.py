@@ -2,18 +2,14 @@
 
 from dataclasses import dataclass
 
-ERR_MODES = ("mae", "mse")
-SCALE_BOUNDS = (256, 448)
-WEIGHT_BLOCKS = ("16x16", "1x16")
+from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
+
 ACTIVATION_SCALINGS = ("tensor", "row")
 BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
 
 
 def _check(name: str, value, valid) -> None:
-    # bool is an int subclass: True must not pass as a scale bound
-    if isinstance(value, bool) or value not in valid:
-        raise ValueError(f"FourOverSixRecipe.{name}={value!r} is not supported; valid values: "
-                         f"{', '.join(map(repr, valid))}")
+    check_choice(f"FourOverSixRecipe.{name}", value, valid)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +29,7 @@ class FourOverSixRecipe:
     def __post_init__(self):
         _check("err_mode", self.err_mode, ERR_MODES)
         _check("scale_bound", self.scale_bound, SCALE_BOUNDS)
-        _check("weight_block", self.weight_block, WEIGHT_BLOCKS)
+        _check("weight_block", self.weight_block, BLOCKS)
         _check("activation_scaling", self.activation_scaling, ACTIVATION_SCALINGS)
         _check("backward", self.backward, BACKWARDS)
         if self.backward == "quantized" and self.activation_scaling == "row":
