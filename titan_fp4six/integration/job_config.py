@@ -29,7 +29,8 @@ class FourOverSixKnobs:
     activation_scaling: str = _DEFAULT.activation_scaling
     """Activation amax granularity: "tensor" or "row"."""
     backward: str = _DEFAULT.backward
-    """Backward GEMMs: "auto", "bf16" or "quantized" (what "auto" picks depends on the op)."""
+    """Backward GEMMs: "auto", "quantized", "high_precision" or "dequantized" ("auto": quantized for per-tensor
+    dense Linears, high_precision for row-scaled activations and routed experts)."""
     bf16_first_layers: int = 0
     """Number of decoder layers at the start of the stack (layers.0, ...) left in bf16."""
     bf16_last_layers: int = 0
