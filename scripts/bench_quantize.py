@@ -51,13 +51,13 @@ def run_case(rows, cols, mode, block, rep_ms):
     fos = _ms(lambda: kq.four_over_six_quantize(x, amax, block, "mse", 256), rep_ms)
     fused = _ms(lambda: kq.four_over_six_quantize_decode(x, amax, block, "mse", 256), rep_ms)
     std = _ms(lambda: kq.nvfp4_quantize(x, amax), rep_ms)
-    ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 5)
+    ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 2)
     exact = _same(kq.four_over_six_quantize(x, amax, block, "mse", 256),
                   reference.four_over_six_reference(x, amax, block, "mse", 256))
     copy_q, copy_d = _copy_ms(quant_bytes, rep_ms), _copy_ms(dec_bytes, rep_ms)
     amax_kernel = _ms(lambda: kamax.row_amax(x) if mode == "row" else kamax.tensor_amax(x), rep_ms)
     amax_torch = _ms(lambda: x.abs().amax(dim=-1 if mode == "row" else None).float(), rep_ms)
-    print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e9:6.0f} GB/s "
+    print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e6:6.0f} GB/s "
           f"= {copy_q / fos:5.1%} of copy | ref {ref:8.2f} ms x{ref / fos:6.1f} bitwise={exact} | "
           f"NVFP4 {std:6.3f} ms, 4/6 / NVFP4 = {fos / std:4.2f} | fused decode {fused:6.3f} ms "
           f"({copy_d / fused:5.1%} of copy), fused / quantize = {fused / fos:4.2f} | "

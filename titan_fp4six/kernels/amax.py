@@ -19,14 +19,14 @@ def _abs_bits(x):
     return tl.abs(x.to(tl.float32)).to(tl.int32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _tensor_amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bits = _abs_bits(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
     tl.atomic_max(out_ptr, tl.max(bits, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "C", "stride"])
 def _row_amax_kernel(x_ptr, out_ptr, R, C, stride, BR: tl.constexpr, BC: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     row_off = rows.to(tl.int64)[:, None] * stride

@@ -16,7 +16,7 @@ import triton.language as tl
 from .bits import FLT_MAX, clamp_e2m1, clamp_max, e2m1_code, e2m1_value, e4m3_bits, e4m3_value, nan_max, tree_sum16
 
 BLOCK_ROWS = 16
-BLOCKS_PER_PROGRAM = 16
+BLOCKS_PER_PROGRAM = 8  # one block per thread: ~96 registers, 2 blocks per thread needed ~177
 NUM_WARPS = 4
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -32,6 +32,14 @@ def _div(a, b):
 def _div_by(a, b):
     """Correctly rounded FP32 a / b for a tensor a and a scalar b."""
     return tl.math.div_rn(a, tl.full(a.shape, 0.0, tl.float32) + b)
+
+
+@triton.jit
+def _val_div_6b(num, six_b):
+    """num / 6B, correctly rounded. A zero numerator (every E2M1 zero code) would send div.rn's hardware
+    check (FCHK) to its slow path, diverging whole warps, so zeros skip the division: +-0 / 6B is +-0."""
+    zero = num == 0.0
+    return tl.where(zero, num, _div_by(tl.where(zero, 1.0, num), six_b))
 
 
 @triton.jit
@@ -69,7 +77,7 @@ def _candidate(xs, sf_bits, s_dec, amax, six_b, ERRORS: tl.constexpr, MSE: tl.co
         else:
             hi = hi | (code << (4 * (i - 8)))
         if ERRORS:
-            d = _div_by((e2m1_value(code) * sf) * amax, six_b) - xs[i]
+            d = _val_div_6b((e2m1_value(code) * sf) * amax, six_b) - xs[i]
             err = err + (d * d if MSE else tl.abs(d))
     return lo, hi, err
 
@@ -84,12 +92,14 @@ def _decode_word(lo, hi, sf, j: tl.constexpr):
     return (a & 0xFFFF) | (b << 16)
 
 
-@triton.jit(do_not_specialize=["amax_stride"])
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, WRITE_DEC: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
-    """amax_stride is 0 (per-tensor) or 1 (per-row), a runtime argument so both share one compiled kernel.
-    SIX_B = 6B stays a constant: the divisions by it then share one reciprocal seed."""
+    """The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
+    divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
+    kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
+    share one reciprocal seed."""
     six_b = SIX_B
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     blks = tl.program_id(1) * NB + tl.arange(0, NB)
