@@ -1,0 +1,27 @@
+"""CPU training through torchtitan's trainer with the plugin (launcher, embedded data, converters): the recipes
+train on tiny flavors with finite, falling losses. Subprocess runs via tests/training_harness.py."""
+
+import math
+
+import pytest
+
+from training_harness import train
+
+FAST_LR = ["--optimizer.lr", "1e-2"]  # tiny models over a dozen steps: a large step size shows learning
+
+
+def _assert_falls(losses: dict[int, float], first: int, last: int, margin: float) -> None:
+    values = [losses[s] for s in sorted(losses)]
+    assert all(math.isfinite(v) for v in values), values
+    head, tail = sum(values[:first]) / first, sum(values[-last:]) / last
+    assert tail < head - margin, f"loss did not fall: first {values[:first]}, last {values[-last:]}"
+
+
+@pytest.mark.parametrize("config, steps", [
+    ("deepseek_v3_debugmodel_nvfp4_four_over_six.toml", 12),
+    ("qwen3_moe_debug_nvfp4_four_over_six.toml", 10),
+])
+def test_four_over_six_recipe_trains_on_cpu(tmp_path, config, steps):
+    losses = train(config, tmp_path, "--training.steps", str(steps), *FAST_LR)
+    assert sorted(losses) == list(range(1, steps + 1))
+    _assert_falls(losses, first=2, last=4, margin=0.3)
