@@ -27,7 +27,7 @@ def main() -> int:
             continue
         err_mode, bound = (("mse", 448), ("mae", 256))[configs % 2]
         configs += 1
-        bad = compare(kq, x, amax, block, err_mode, bound, nan_block_codes=False)
+        bad = [b for b in compare(kq, x, amax, block, err_mode, bound) if not b.endswith("_in_nan_blocks")]
         if bad:
             mismatches += 1
             print("MISMATCH", label, err_mode, bound, bad)
