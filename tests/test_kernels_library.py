@@ -60,3 +60,18 @@ def test_fake_implementation_rejects_bad_knobs():
         assert codes.shape == (32, 32) and scales.shape == (32, 4) and scales.dtype == torch.float8_e4m3fn
         with pytest.raises(ValueError, match="block"):
             torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "8x8", "mse", 256)
+
+
+def test_public_numerics_functions_still_trace_under_compile():
+    """The CUDA dispatch must not break torch.compile of code calling numerics directly (the reference is
+    traced then, no logging or kernel lookup inside the graph)."""
+    x, amax = _inputs(False, nan=False)
+
+    def quantize(x, amax):
+        blocks = numerics.four_over_six_quantize(x, amax)
+        return blocks.codes, blocks.scales.view(torch.uint8), numerics.tensor_amax(x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(quantize, fullgraph=True, backend="aot_eager")(x, amax)
+    for got, want in zip(compiled, quantize(x, amax)):
+        assert torch.equal(got, want)

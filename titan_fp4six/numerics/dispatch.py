@@ -13,7 +13,13 @@ _log = logging.getLogger(__name__)
 
 
 def fast_path(x: torch.Tensor, module: str):
-    """titan_fp4six.kernels.<module> when its `eligible(x)` accepts x, else None."""
+    """titan_fp4six.kernels.<module> when its `eligible(x)` accepts x, else None.
+
+    While torch.compile traces, None and no logging (Dynamo cannot trace either): the reference is traced as
+    plain PyTorch. Compiled code that wants the kernels calls the custom ops in titan_fp4six.kernels.
+    """
+    if torch.compiler.is_compiling():
+        return None
     if x.device.type != "cuda":
         _log.debug("%s: reference path (x on %s, the kernels need CUDA)", module, x.device)
         return None
