@@ -80,46 +80,6 @@ def e2m1_value(code):
 
 
 @triton.jit
-def seq_sum16(t, A: tl.constexpr, B: tl.constexpr):
-    """(A, B, 16) -> (A, B): t[0] + t[1] + ... + t[15] added strictly left to right (spec step 5).
-
-    The terms are >= 0 or NaN, so starting from t[0] equals starting from +0 + t[0]. The halving splits pick
-    out element i by the bits of i (bit 0 first); only the order of the adds below matters.
-    """
-    e, o = tl.split(tl.reshape(t, [A, B, 8, 2]))
-    e0, e1 = tl.split(tl.reshape(e, [A, B, 4, 2]))
-    o0, o1 = tl.split(tl.reshape(o, [A, B, 4, 2]))
-    e00, e01 = tl.split(tl.reshape(e0, [A, B, 2, 2]))
-    e10, e11 = tl.split(tl.reshape(e1, [A, B, 2, 2]))
-    o00, o01 = tl.split(tl.reshape(o0, [A, B, 2, 2]))
-    o10, o11 = tl.split(tl.reshape(o1, [A, B, 2, 2]))
-    t0, t8 = tl.split(e00)
-    t4, t12 = tl.split(e01)
-    t2, t10 = tl.split(e10)
-    t6, t14 = tl.split(e11)
-    t1, t9 = tl.split(o00)
-    t5, t13 = tl.split(o01)
-    t3, t11 = tl.split(o10)
-    t7, t15 = tl.split(o11)
-    s = t0 + t1
-    s = s + t2
-    s = s + t3
-    s = s + t4
-    s = s + t5
-    s = s + t6
-    s = s + t7
-    s = s + t8
-    s = s + t9
-    s = s + t10
-    s = s + t11
-    s = s + t12
-    s = s + t13
-    s = s + t14
-    s = s + t15
-    return s
-
-
-@triton.jit
 def tree_sum16(e, T: tl.constexpr, NB: tl.constexpr):
     """(16T, NB) row-block errors -> (T, NB) tile errors in the spec's tree order (step 6).
 
