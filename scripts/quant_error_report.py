@@ -116,10 +116,12 @@ def evaluate(samples: list[Sample], configs: list[QuantConfig], device: str | No
     records = []
     for s in samples:
         x = s.x.to(device)
+        checksum = s.x.double().sum().item()  # tells input differences from quantizer differences across machines
         for cfg in configs:
             xq, map4 = quantize_dequantize(x, cfg, s.group_rows)
             records.append({"source": s.source, "name": s.name, "step": s.step, "shape": list(s.x.shape),
-                            "config": cfg.label, **asdict(cfg), "rel_mse": relative_mse(x, xq), "map4": map4})
+                            "checksum": checksum, "config": cfg.label, **asdict(cfg),
+                            "rel_mse": relative_mse(x, xq), "map4": map4})
     return records
 
 
