@@ -25,23 +25,16 @@ def kq():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sweep_bitwise(kq, dtype):
-    """Every output byte equal to the reference on the GPU, except the codes inside NaN-scale blocks.
-
-    Those codes are encodings of NaN payloads (see kernel_cases.compare): on the H200 they differed from
-    torch's in every configuration that has a NaN-scale block (the scale byte, the map-to-4 choice and the
-    NaN decode agree). They are counted and printed, not asserted, until the spec pins them.
-    """
-    checked, nan_block_codes, failures = 0, 0, []
+    """Every output byte equal to the reference on the GPU, NaN and Inf data included."""
+    checked, failures = 0, []
     for label, x, amax, block in cases(SHAPES, (dtype, ), KINDS, seed=1):
         x, amax = x.cuda(), amax.cuda()
         for err_mode, bound in KNOBS:
             checked += 1
             bad = compare(kq, x, amax, block, err_mode, bound)
-            nan_block_codes += any(b.endswith("_in_nan_blocks") for b in bad)
-            bad = [b for b in bad if not b.endswith("_in_nan_blocks")]
             if bad:
                 failures.append(f"{label} {err_mode} B={bound}: {bad}")
-    print(f"\n[{dtype}] configurations checked bitwise: {checked}; with NaN-block code differences: {nan_block_codes}")
+    print(f"\n[{dtype}] configurations checked bitwise: {checked}")
     assert not failures, f"{len(failures)}/{checked} mismatching:\n" + "\n".join(failures[:20])
 
 

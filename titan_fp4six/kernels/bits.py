@@ -10,6 +10,9 @@ Clamps keep NaN like torch.clamp (tl.minimum alone would drop it).
 import triton
 import triton.language as tl
 
+from ..numerics.reference import NAN_CODE as _NAN_CODE
+
+NAN_CODE = tl.constexpr(_NAN_CODE)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
 
@@ -58,7 +61,8 @@ def e4m3_value(b):
 
 @triton.jit
 def e2m1_code(q):
-    """FP32 in [-6, 6] (or NaN) -> E2M1 code (int32 0..15), torchao's RNE including NaN and -0.0 -> 0x8."""
+    """FP32 in [-6, 6] (or NaN) -> E2M1 code (int32 0..15): torchao's RNE with -0.0 -> 0x8, and the reference's
+    canonical NAN_CODE for every NaN (a NaN's sign and payload depend on the device's arithmetic)."""
     bits = q.to(tl.int32, bitcast=True)
     mag = bits & 0x7FFFFFFF
     a = mag.to(tl.float32, bitcast=True)
@@ -67,7 +71,7 @@ def e2m1_code(q):
     # Normal: rebias the exponent (127 -> 1), add the RNE bias, keep one mantissa bit. NaN lands here too.
     normal = ((mag + ((-126 << 23) + 0x1FFFFF) + ((mag >> 22) & 1)) >> 22) & 0xFF
     r = tl.where(a >= 6.0, 7, tl.where(a < 1.0, small, normal))
-    return tl.where(bits < 0, r | 8, r)
+    return tl.where(q != q, NAN_CODE, tl.where(bits < 0, r | 8, r))
 
 
 @triton.jit
