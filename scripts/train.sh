@@ -2,9 +2,8 @@
 # The main job: set up, then train the DeepSeek-V3 debugmodel NVFP4 four-over-six recipe on the embedded corpus.
 # With a GPU: the recipe as written, on every visible GPU (NGPU overrides), through torchrun.
 # Without one: the same recipe on the CPU with CPU-sized overrides (fp32 compute since these CPUs lack bf16
-# matrix units, 4 x 128 tokens per step, CPU_STEPS steps, default 3): the bit-exact CPU quantizers re-quantize
-# all ~33M weights every step, 1-3 minutes a step on 2 cores, so 3 steps (loss 8.23 -> 7.94 -> 7.67) keep the
-# job under 10 minutes. Extra arguments are passed to the trainer (e.g. --training.steps 20).
+# matrix units, 4 x 128 tokens per step, CPU_STEPS steps, default 12: ~7 s a step on 2 idle cores, as the CPU
+# quantizers re-quantize all ~33M weights every step). Extra arguments go to the trainer (e.g. --training.steps 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,4 +16,4 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 exec "$PY" -m titan_fp4six.train --job.config_file "$CONFIG" \
   --training.mixed_precision_param float32 --training.local_batch_size 4 --training.seq_len 128 \
-  --training.steps "${CPU_STEPS:-3}" --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 "$@"
+  --training.steps "${CPU_STEPS:-12}" --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 "$@"
