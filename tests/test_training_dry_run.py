@@ -1,0 +1,21 @@
+"""The Qwen3-30B-A3B recipe's dry run: parse, build on the meta device, convert, report quantized modules and memory."""
+
+from pathlib import Path
+
+from titan_fp4six.integration import dry_run
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "qwen3_30b_a3b_nvfp4_four_over_six.toml")
+
+
+def test_qwen3_30b_a3b_dry_run_reports_experts_and_memory(capsys):
+    config, model_args, model = dry_run.build_and_convert(["--job.config_file", RECIPE])
+    s = dry_run.summarize(model, model_args, config.training.seq_len)
+    assert sorted(s.quantized) == [f"layers.{i}.moe.experts" for i in sorted(range(48), key=str)]
+    assert all(r.activation_scaling == "row" and r.weight_block == "1x16" and r.backward == "high_precision"
+               for _, r in s.quantized.values())
+    assert 30e9 < s.total_params < 31e9
+    one, eight = (sum(dry_run.estimate_memory(s, config, model_args, n).values()) for n in (1, 8))
+    assert one > 16 * s.total_params and eight < one / 4  # fp32 params, grads, AdamW moments, sharded by FSDP
+    dry_run.main(["--job.config_file", RECIPE, "--gpu-memory-gib", "141"])
+    out = capsys.readouterr().out
+    assert "quantized layers.N.moe.experts: 48 modules" in out and "min GPUs: 8" in out
