@@ -16,14 +16,13 @@ with 1x16 weights is the closest, and it still stores map-to-4 in a large share 
 curve is not produced here; a run labelled with those knobs is that knob setting and nothing else.
 """
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_runs import Run, parse_steps, start, wait  # noqa: E402
+from titan_runs import Run, parse_steps, runs_parser, start, wait  # noqa: E402
 
 TAIL = 20  # steps averaged for the final-loss gap (a single step's loss is noisy)
 
@@ -104,13 +103,8 @@ def plot(name: str, results: dict, path: Path, smooth: int = 10) -> None:
 
 
 def main(argv=None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    common = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, argv, common = runs_parser(list(sys.argv[1:] if argv is None else argv), __doc__)
     p.add_argument("--name", required=True, help="model name used in file names and titles")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--parallel", action="store_true", help="start every run at once")
     p.add_argument("--timeout", type=float, default=None, help="seconds before unfinished runs are stopped")

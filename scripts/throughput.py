@@ -13,7 +13,6 @@ memory is the largest per-step peak of reserved device memory torchtitan reports
 --run in the same mode and to the first --run eager; all numbers come from the same invocation.
 """
 
-import argparse
 import json
 import statistics
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_runs import Run, parse_steps, start, wait  # noqa: E402
+from titan_runs import Run, parse_steps, runs_parser, start, wait  # noqa: E402
 
 MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
 
@@ -90,12 +89,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    common = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
+    p, argv, common = runs_parser(list(sys.argv[1:] if argv is None else argv), __doc__)
     p.add_argument("--modes", default="eager,compiled", help="comma list of: " + ", ".join(MODES))
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)

@@ -6,6 +6,7 @@ torchtitan prints every `metrics.log_freq` steps (loss, grad_norm, memory, tps, 
 `name: value` pair a plugin appends).
 """
 
+import argparse
 import os
 import re
 import shlex
@@ -41,6 +42,16 @@ class Run:
     @property
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.label).strip("_")
+
+
+def runs_parser(argv: list[str], description: str) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """A parser with the shared --out/--run options, the script's own arguments and the common trainer
+    overrides (everything after `--`)."""
+    own, common = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
+    return p, own, common
 
 
 def parse_steps(text: str) -> list[dict[str, float]]:

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  N={gpus:2}: {total:7.1f} GiB  ({detail})")
         if fits is None and total <= 0.9 * ours.gpu_memory_gib:
             fits = gpus
-    need = f"{fits} GPUs" if fits else f"more than 64 GPUs (or smaller local_batch_size / seq_len)"
+    need = f"{fits} GPUs" if fits else "more than 64 GPUs (or smaller local_batch_size / seq_len)"
     print(f"hardware: at least {need} with {ours.gpu_memory_gib:g} GiB each (estimate within 90% of memory); "
           f"native NVFP4 GEMMs need Blackwell (SM100), other GPUs run them emulated in bf16")
     print(f"min GPUs: {fits if fits else math.inf}")
