@@ -15,13 +15,18 @@ def check_choice(name: str, value, valid) -> None:
         raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))}")
 
 
+def check_float_tensor(t, name: str) -> None:
+    """A tensor of one of the quantizers' input dtypes."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name}.dtype={t.dtype} is not supported; valid: bfloat16, float16, float32")
+
+
 def check_input(x: torch.Tensor, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_float_tensor(x, name)
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, cols), got shape {tuple(x.shape)}")
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"{name}.dtype={x.dtype} is not supported; valid: bfloat16, float16, float32")
     if x.shape[1] % BLOCK_SIZE:
         raise ValueError(f"{name} has {x.shape[1]} columns; NVFP4 needs a multiple of {BLOCK_SIZE}")
 

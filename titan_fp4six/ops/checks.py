@@ -2,20 +2,14 @@
 
 import torch
 
-from ..numerics.formats import BLOCK_SIZE, INPUT_DTYPES
+from ..numerics.formats import BLOCK_SIZE
+from ..numerics.validation import check_float_tensor
 from .recipe import FourOverSixRecipe
 
 
 def check_recipe(recipe) -> None:
     if not isinstance(recipe, FourOverSixRecipe):
         raise TypeError(f"recipe must be a titan_fp4six.FourOverSixRecipe, got {type(recipe).__name__}")
-
-
-def check_float(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in INPUT_DTYPES:
-        raise TypeError(f"{name}.dtype={t.dtype} is not supported; valid: bfloat16, float16, float32")
 
 
 def check_multiple(value: int, what: str) -> None:
@@ -31,8 +25,8 @@ def check_same_device(*named) -> None:
 
 def check_dense(x, weight, bias, recipe) -> None:
     check_recipe(recipe)
-    check_float(x, "x")
-    check_float(weight, "weight")
+    check_float_tensor(x, "x")
+    check_float_tensor(weight, "weight")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (..., K)")
     if weight.dim() != 2:
@@ -43,7 +37,7 @@ def check_dense(x, weight, bias, recipe) -> None:
     check_multiple(weight.shape[0], "N (weight.shape[0])")
     named = [("x", x), ("weight", weight)]
     if bias is not None:
-        check_float(bias, "bias")
+        check_float_tensor(bias, "bias")
         if bias.shape != (weight.shape[0],):
             raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
         named.append(("bias", bias))
@@ -53,8 +47,8 @@ def check_dense(x, weight, bias, recipe) -> None:
 def check_grouped(A, B_t, offs, recipe) -> None:
     check_recipe(recipe)
     recipe.resolved_backward(grouped=True)
-    check_float(A, "A")
-    check_float(B_t, "B_t")
+    check_float_tensor(A, "A")
+    check_float_tensor(B_t, "B_t")
     if A.dim() != 2:
         raise ValueError(f"A must be 2-D (M, K), got shape {tuple(A.shape)}")
     if B_t.dim() != 3:
