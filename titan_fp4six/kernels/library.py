@@ -11,7 +11,7 @@ import torch
 from ..numerics import quantize as nq
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.quantize import NVFP4Blocks
-from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice, check_input, check_rows_for_block
+from ..numerics.validation import check_quantize_args
 
 _Tensors2 = tuple[torch.Tensor, torch.Tensor]
 _Tensors3 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -20,13 +20,7 @@ _Tensors4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 def _check_static(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int) -> None:
     """The checks that need no data (the fake implementations cannot read values)."""
-    check_choice("block", block, BLOCKS)
-    check_choice("err_mode", err_mode, ERR_MODES)
-    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
-    check_input(x)
-    check_rows_for_block(x, block)
-    if amax.dtype != torch.float32 or amax.shape not in ((), (x.shape[0],)):
-        raise TypeError(f"amax must be float32 of shape () or ({x.shape[0]},), got {amax.dtype} {tuple(amax.shape)}")
+    check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=False)
 
 
 def _empty_blocks(x: torch.Tensor) -> _Tensors2:

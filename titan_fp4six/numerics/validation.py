@@ -31,8 +31,9 @@ def check_input(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} has {x.shape[1]} columns; NVFP4 needs a multiple of {BLOCK_SIZE}")
 
 
-def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str) -> None:
-    """amax is an FP32 scalar (per-tensor) or an FP32 vector of length R (row-scaled) on x's device."""
+def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str, read_values: bool = True) -> None:
+    """amax is an FP32 scalar (per-tensor) or an FP32 vector of length R (row-scaled) on x's device;
+    read_values=False skips the one check that reads amax's values (fake tensors under tracing have none)."""
     if not isinstance(amax, torch.Tensor):
         raise TypeError(f"amax must be an FP32 torch.Tensor, got {type(amax).__name__}")
     if amax.dtype != torch.float32:
@@ -45,7 +46,7 @@ def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str) -> None:
     if amax.shape != (rows,):
         raise ValueError(
             f"amax has shape {tuple(amax.shape)}; valid: () for per-tensor or ({rows},) for one amax per row")
-    if block == "16x16" and rows:
+    if block == "16x16" and rows and read_values:
         _check_tile_uniform(amax)
 
 
@@ -71,10 +72,10 @@ def _check_tile_uniform(amax: torch.Tensor) -> None:
         raise ValueError(_TILE_UNIFORM_MSG)
 
 
-def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int) -> None:
+def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int, read_values: bool = True) -> None:
     check_choice("block", block, BLOCKS)
     check_choice("err_mode", err_mode, ERR_MODES)
     check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
     check_input(x)
     check_rows_for_block(x, block)
-    check_amax(amax, x, block)
+    check_amax(amax, x, block, read_values)
