@@ -6,20 +6,17 @@ log named `X_bf16`. Usage: python scripts/summarize_runs.py LOG... [--skip 10]
 """
 
 import argparse
-import re
+import sys
 from pathlib import Path
 
-STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-\d.naninf]+).*?tps:\s*([\d,]+).*?mfu:\s*([\d.]+)%")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from titan_runs import parse_steps  # noqa: E402
 
 
 def parse(path: Path) -> dict[int, tuple[float, float, float]]:
     """{step: (loss, tps, mfu)} from torchtitan's console step lines."""
-    rows = {}
-    for line in path.read_text(errors="replace").splitlines():
-        m = STEP.search(line)
-        if m:
-            rows[int(m[1])] = (float(m[2]), float(m[3].replace(",", "")), float(m[4]))
-    return rows
+    return {row["step"]: (row["loss"], row["tps"], row["mfu"])
+            for row in parse_steps(path.read_text(errors="replace"))}
 
 
 def twin(name: str) -> str:
