@@ -13,13 +13,13 @@ from torchtitan.tools.logging import logger
 
 from ..modules.experts import GROUP_ALIGN, convert_experts
 from ..modules.linear import FourOverSixLinear
+from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops.recipe import FourOverSixRecipe
 from . import metrics
 
 FAMILY = "four_over_six"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
 _RECIPE_KNOBS = ("err_mode", "scale_bound", "weight_block", "activation_scaling", "backward")
-BLOCK = 16
 
 
 def fqn_matches(fqn: str, pattern: str) -> bool:
