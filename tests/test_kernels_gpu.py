@@ -103,3 +103,20 @@ def test_amax_kernels_match_torch(dtype):
     groups = numerics.group_amax(x, offs)
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
+
+
+def test_every_fp32_magnitude_up_to_six(kq):
+    """Every FP32 in [0, 6] (and its negation) as a block element with a global scale of 1 and a block max of 6,
+    so the map-to-6 inverse scale is exactly 1 and q = x: the kernels' E2M1 rounding, codes and candidate
+    errors see every possible input, bitwise against the reference."""
+    top = torch.tensor(6.0).view(torch.int32).item()
+    per_chunk = 15 * (1 << 22)
+    for start in range(0, top + 1, per_chunk):
+        bits = torch.arange(start, min(start + per_chunk, top + 1), device="cuda", dtype=torch.int32)
+        vals = bits.view(torch.float32)
+        vals = torch.cat([vals, vals.new_zeros((-vals.numel()) % 240)])
+        for sign in (1.0, -1.0):
+            body = (sign * vals).view(-1, 15)
+            x = torch.cat([body.new_full((body.shape[0], 1), 6.0), body], dim=1).view(-1, 256)
+            assert compare(kq, x, torch.tensor(6.0 * 256, device="cuda"), "1x16", "mse", 256) == []
+            assert compare(kq, x, torch.tensor(6.0 * 448, device="cuda"), "1x16", "mae", 448) == []
