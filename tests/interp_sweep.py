@@ -10,7 +10,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from kernel_cases import cases, compare  # noqa: E402
+from kernel_cases import cases, compare, near_tie_case  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
 SHAPES = [(16, 32), (3, 48)]
@@ -31,6 +31,14 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH", label, err_mode, bound, bad)
+    # Nearly tied candidate errors at every distance: where the fast path's error bounds have the least room.
+    for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mae", 448)):
+        x, amax = near_tie_case(block, err_mode, bound, count=16)
+        configs += 1
+        bad = compare(kq, x, amax, block, err_mode, bound)
+        if bad:
+            mismatches += 1
+            print("MISMATCH near ties", block, err_mode, bound, bad)
     print("configs", configs, "mismatches", mismatches)
     return 1 if mismatches else 0
 

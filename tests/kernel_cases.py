@@ -125,3 +125,45 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
         if not torch.equal(_bits(s), _bits(rs)):
             bad.append("nvfp4.scales")
     return bad
+
+
+def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
+    """(x, amax) in FP32 whose blocks (1x16) or tiles (16x16) have nearly tied candidate errors, at every distance
+    from ~1e-1 down to a few ulps: each is a mix t * a + (1 - t) * b of a block that map-to-4 wins and one that
+    map-to-6 wins (same max, so the same scales), with t bisected toward the crossing of err4 - err6 and the
+    block kept at every step. These are the blocks where the kernels' error bounds have the least room, so a
+    bound that is too tight shows up as a wrong choice; the closest ones take the exact path."""
+    from titan_fp4six.numerics import reference
+
+    gen = torch.Generator().manual_seed(seed)
+    amax = torch.tensor(4.0 if scale_bound == 256 else 8.0)  # block max 4: sf6 = 256 or 224, sf4 = 1.5 sf6
+    rows = 16 if block == "16x16" else 1
+    # Blocks of either candidate's grid values plus noise (here map-to-6 decodes to 4/6 of the E2M1 values and
+    # map-to-4 to the E2M1 values), which that candidate tends to win.
+    e2m1 = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+    pick = torch.randint(0, 6, (2, 8 * count, rows, 16), generator=gen)
+    pool = torch.cat([e2m1[pick[0]] * (4.0 / 6.0), e2m1[pick[1]]])
+    pool = pool * (1 + 0.05 * torch.randn(pool.shape, generator=gen))
+    pool = pool * torch.where(torch.rand(pool.shape, generator=gen) < 0.5, -1.0, 1.0)
+    pool[:, 0, 0] = 4.0  # every block (tile) max is 4, so the candidate scales stay put
+
+    def gap(x):  # err4 - err6 of every block (tile) of x (n, rows, 16)
+        flat = x.permute(1, 0, 2).reshape(rows, -1)
+        err6, err4 = reference.candidate_errors(flat, amax, block, err_mode, scale_bound)
+        return (err4 - err6)[0]
+
+    g = gap(pool)
+    wins4, wins6 = pool[g < 0], pool[g > 0]
+    assert len(wins4) >= count and len(wins6) >= count, "too few blocks won by each candidate"
+    a, b = wins4[:count], wins6[:count]
+    lo, hi = torch.zeros(count), torch.ones(count)  # gap(mix(lo)) > 0 > gap(mix(hi))
+    kept = []
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        x = a * mid[:, None, None] + b * (1 - mid[:, None, None])
+        x[:, 0, 0] = 4.0
+        kept.append(x)
+        above = gap(x) > 0
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    x = torch.cat(kept)  # (steps * count, rows, 16)
+    return x.reshape(-1, 16, rows, 16).permute(2, 0, 1, 3).reshape(rows, -1, 256).permute(1, 0, 2).reshape(-1, 256), amax

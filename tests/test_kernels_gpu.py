@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from kernel_cases import KINDS, cases, compare
+from kernel_cases import KINDS, cases, compare, near_tie_case
 from titan_fp4six import numerics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -36,6 +36,15 @@ def test_sweep_bitwise(kq, dtype):
                 failures.append(f"{label} {err_mode} B={bound}: {bad}")
     print(f"\n[{dtype}] configurations checked bitwise: {checked}")
     assert not failures, f"{len(failures)}/{checked} mismatching:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("block", ("1x16", "16x16"))
+@pytest.mark.parametrize("err_mode, bound", KNOBS)
+def test_near_tied_candidate_errors(kq, block, err_mode, bound):
+    """Candidate errors nearly tied at every distance down to a few ulps: the fast path's error bounds must
+    settle a block only when the exact comparison agrees, and hand the rest to the exact arithmetic."""
+    x, amax = near_tie_case(block, err_mode, bound, count=256)
+    assert compare(kq, x.cuda(), amax.cuda(), block, err_mode, bound) == []
 
 
 def test_large_random_matches_and_is_deterministic(kq):

@@ -149,29 +149,51 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
     return lo, hi, err
 
 
-@triton.jit
-def _in_fast_range(sf, amax):
-    """Blocks whose candidate error _fast_candidate computes exactly (see there): a zero scale or amax, or
-    2^-112 <= sf * amax and 1.5 * sf * amax <= 2^120. Every real tensor's blocks; the rest run exactly."""
-    return (sf == 0.0) | (amax == 0.0) | ((sf * amax >= 1.925929944387236e-34) & ((sf * 1.5) * amax <= 1.329227995784916e36))
+# The four-over-six fast path estimates each candidate's error cheaply and bounds the estimate's distance from
+# the spec's exact error; only blocks whose choice the bounds cannot settle run the exact arithmetic.
+#
+# Setting: amax A finite >= 0, block without NaN, bamax <= 2^40, and per candidate s = f32(sf) with s = 0 or
+# A = 0 (every val is then +-0 and g = 0), or 2^-40 <= g <= 2^40, where g = fl(fl(s * A) * fl(1 / 6B)).
+# Codes are exact (same inv, same q, e2m1_magic is the spec's rounding). Let u = 2^-24, D_i = val_i - |x_i|
+# (val_i the spec's value, |val_i - x_i| = |D_i| since val_i has x_i's sign), S = sum D_i^2, T = sum |D_i|.
+# (1) val_i = fl(fl(v_i s A) / 6B) and g v_i are both V_i = v_i s A / 6B times at most three (1 +- u)
+#     factors, V_i <= 6 s A / 6B <= 6 g / (1 - u)^3, all normal: |val_i - v_i g| <= 30.01 u g < eta = 32 u g.
+# (2) The estimate: d~_i = fma(v_i, g, -|x_i|) = (D_i + e_i)(1 + b_i), |e_i| <= eta, |b_i| <= u, summed with
+#     fma (mse: e~ = sum d~_i^2) or add (mae: e~ = sum |d~_i|), 16 roundings: factor within 1 +- 17u.
+#     mse: sum (|D_i| +- eta)^2 lies in [S - 8 eta sqrt(S), (sqrt(S) + 4 eta)^2] (Cauchy-Schwarz: T <= 4 sqrt(S)).
+#     mae: sum |d~_i| / (1 +- u) lies in [T - 16 eta, T + 16 eta].
+# (3) The exact error: err = S or T times (1 +- 18u) (rounded difference, square, 15 rounded adds).
+# (4) Hence mse: sqrt(err) in [sqrt(e~)(1 - 10u) - 4 eta, sqrt(e~)(1 + 10u) + 8 eta] (1 + 10u covers
+#     1/sqrt(1 - 18u) and the 18u of (3)); mae: err in [e~(1 - 36u) - 16 eta, e~(1 + 36u) + 16 eta].
+#     _error_bounds widens every factor to 1 +- 2^-16 (> 256u), which also covers the rounding of its own few
+#     operations and the approximate square root, and adds TAU = 2^-140 for roundings in FP32's subnormal
+#     range (at most ~50 of them, each <= 2^-150); in this setting errors are O(g^2) >= 2^-82 or exact zeros.
+# 16x16 tiles add the row bounds in the spec's tree, 15 rounded adds of nonnegative numbers (<= 4u deep),
+# again inside the 2^-16 slack. Candidates with the same scale byte have bitwise equal errors: a tie, map-to-6.
+SLACK_UP = tl.constexpr(1.0 + 2.0 ** -16)
+SLACK_DOWN = tl.constexpr(1.0 - 2.0 ** -16)
+TAU = tl.constexpr(2.0 ** -140)
+G_MIN = tl.constexpr(2.0 ** -40)
+G_MAX = tl.constexpr(2.0 ** 40)
 
 
 @triton.jit
-def _fast_candidate(xs, inv, g1, g15, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr):
-    """Spec steps 4-5 in about a third of the instructions, bitwise equal to _exact_candidate on blocks with
-    a finite amax >= 0, no NaN, and _in_fast_range (the kernel routes every other block to the exact one).
+def _value_step(sf, amax, R6B: tl.constexpr):
+    """g = fl(fl(sf * amax) * fl(1/6B)): the value of E2M1 magnitude 1 under scale sf, within 3 roundings."""
+    return (sf * amax) * R6B
 
-    Returns the code magnitudes packed into two int32 words (if PACK; signs are the inputs', added by the
-    caller) and the block's error. Three exact shortcuts, each proven here:
-    - inv is in (0, FLT_MAX] and x is never NaN, so q = x * inv is never NaN, sign(q) = sign(x), and the
-      code of q is e2m1_magic's code of min(|q|, 6).
-    - val = ((v * sf) * amax) / 6B with v = p * m (p in {1/2, 1, 2, 4}, m in {1, 1.5}): v * sf and m * sf
-      are exact (at most 6 significant bits), and scaling by the power of two p commutes with FP32 rounding
-      while no result leaves the normal range, so val = p * fl(fl(m * sf * amax) / 6B) = p * g_m. The range
-      check guarantees that: m * sf * amax in [2^-112, 1.5 * 2^120] keeps every intermediate, times 1/2 to
-      4 and divided by 6B <= 2688 < 2^12, inside [2^-125, 2^123]. A zero sf or amax makes g_m and every val 0.
-    - val has the sign of x (or is zero), so |val - x| = |(|val| - |x|)| and the error terms are the same.
-    """
+
+@triton.jit
+def _in_fast_range(sf, g, amax):
+    """The per-candidate part of the fast path's setting (comment above)."""
+    return (sf == 0.0) | (amax == 0.0) | ((g >= G_MIN) & (g <= G_MAX))
+
+
+@triton.jit
+def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr):
+    """One candidate on the fast path: exact code magnitudes packed into two int32 words (if PACK; signs are
+    added by the caller) and the error estimate e~ of the comment above. inv is in (0, FLT_MAX] and x is never
+    NaN there, so q = x * inv is never NaN, sign(q) = sign(x), and the code is e2m1_magic's of min(|q|, 6)."""
     err = tl.zeros(inv.shape, tl.float32)
     lo = tl.zeros(inv.shape, tl.int32)
     hi = tl.zeros(inv.shape, tl.int32)
@@ -186,11 +208,21 @@ def _fast_candidate(xs, inv, g1, g15, PACK: tl.constexpr, ERRORS: tl.constexpr, 
             else:
                 hi = hi | (mag << (4 * (i - 8)))
         if ERRORS:
-            v = (y - magic).to(tl.int32, bitcast=True)
-            p = (v & 0x7F800000).to(tl.float32, bitcast=True)
-            d = p * tl.where((v & 0x400000) != 0, g15, g1) - tl.abs(xs[i])
-            err = err + (d * d if MSE else tl.abs(d))
+            d = tl.fma(y - magic, g, -tl.abs(xs[i]))
+            err = tl.fma(d, d, err) if MSE else err + tl.abs(d)
     return lo, hi, err
+
+
+@triton.jit
+def _error_bounds(e, g, MSE: tl.constexpr):
+    """[lo, hi] enclosing the spec's exact error of a fast-path block from its estimate e (comment above)."""
+    eta = g * 1.9073486328125e-06  # 32u g = 2^-19 g, exact
+    if MSE:
+        root = tl.sqrt(e)
+        hi = root * SLACK_UP + 8.0 * eta
+        lo = tl.maximum(root * SLACK_DOWN - 4.0 * eta, 0.0)
+        return lo * lo * SLACK_DOWN - TAU, hi * hi * SLACK_UP + TAU
+    return (e * SLACK_DOWN - 16.0 * eta) * SLACK_DOWN - TAU, (e * SLACK_UP + 16.0 * eta) * SLACK_UP + TAU
 
 
 @triton.jit
@@ -221,10 +253,8 @@ def _fast_encode_decode(xs, inv, sf):
 
 
 @triton.jit
-def _sign_nibbles(xs):
-    """Bit 3 of each packed code: the IEEE sign of x (that of q, since inv > 0)."""
-    lo = tl.zeros(xs[0].shape, tl.int32)
-    hi = tl.zeros(xs[0].shape, tl.int32)
+def _with_signs(lo, hi, xs):
+    """Packed code magnitudes with bit 3 of each code set to the IEEE sign of x (that of q, since inv > 0)."""
     for i in tl.static_range(16):
         sign = (xs[i].to(tl.int32, bitcast=True) & SIGN_BIT).to(tl.uint32, bitcast=True) >> (28 - 4 * (i % 8))
         if i < 8:
@@ -253,7 +283,7 @@ def _decode_word(lo, hi, sf, j: tl.constexpr):
 @triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
-                     SIX_B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr,
+                     SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr,
                      NB: tl.constexpr):
     """The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
     divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
@@ -284,8 +314,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     if TILE16:
         bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
 
-    # The fast path takes blocks with a finite amax >= 0 and no NaN; the exact one runs for a program only
-    # if one of its blocks is outside (NaN data or amax, or scales at the edge of FP32's range).
+    # Fast-path setting (see the comment above _value_step); a program with any block outside it, or any
+    # four-over-six choice its error bounds cannot settle, runs the exact arithmetic for all its blocks.
     fast = (amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax)
     if FOUR_SIX:
         # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6). With the
@@ -297,53 +327,61 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         s4 = e4m3_value(sf4)
         inv6 = _inverse_scale(s6, s_dec)
         inv4 = _inverse_scale(s4, s_dec)
-        fast = fast & _in_fast_range(s6, amax) & _in_fast_range(s4, amax)
-        lo6, hi6, err6 = _fast_candidate(xs, inv6, _val_div_6b(s6 * amax, six_b),
-                                         _val_div_6b((s6 * 1.5) * amax, six_b), not WRITE_DEC, True, MSE)
-        lo4, hi4, err4 = _fast_candidate(xs, inv4, _val_div_6b(s4 * amax, six_b),
-                                         _val_div_6b((s4 * 1.5) * amax, six_b), not WRITE_DEC, True, MSE)
-        slow = tl.max(tl.where(fast, 0, 1)) != 0
-        if slow:
-            lo6e, hi6e, err6e = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
-            lo4e, hi4e, err4e = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
-            lo6, hi6, err6 = tl.where(fast, lo6, lo6e), tl.where(fast, hi6, hi6e), tl.where(fast, err6, err6e)
-            lo4, hi4, err4 = tl.where(fast, lo4, lo4e), tl.where(fast, hi4, hi4e), tl.where(fast, err4, err4e)
+        g6 = _value_step(s6, amax, R6B)
+        g4 = _value_step(s4, amax, R6B)
+        fast = fast & (bamax <= G_MAX) & _in_fast_range(s6, g6, amax) & _in_fast_range(s4, g4, amax)
+        lo6, hi6, e6 = _fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE)
+        lo4, hi4, e4 = _fast_candidate(xs, inv4, g4, not WRITE_DEC, True, MSE)
+        low6, high6 = _error_bounds(e6, g6, MSE)
+        low4, high4 = _error_bounds(e4, g4, MSE)
         if TILE16:
-            pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), err4.shape)
-        else:
-            pick = err4 < err6
+            low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
+            low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
+        pick = tl.broadcast_to(high4 < low6, sf6.shape)
+        settled = pick | (low4 >= high6) | (sf4 == sf6)  # the same scale byte gives bitwise equal errors
+        slow = tl.max(tl.where(fast & settled, 0, 1)) != 0
+        if slow:
+            lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
+            lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
+            if TILE16:
+                pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), sf6.shape)
+            else:
+                pick = err4 < err6
+        elif not WRITE_DEC:
+            lo6, hi6 = _with_signs(lo6, hi6, xs)
+            lo4, hi4 = _with_signs(lo4, hi4, xs)
         sf = tl.where(pick, sf4, sf6)
-        lo = tl.where(pick, lo4, lo6)  # with the decode: the exact blocks' codes (fast blocks get theirs below)
+        lo = tl.where(pick, lo4, lo6)  # with the decode, the fast path's codes come below
         hi = tl.where(pick, hi4, hi6)
         tl.store(map4_ptr + _block_index(rows64, blks, NBLK, TILE16), pick.to(tl.uint8), mask=ok)
-        inv = tl.where(pick, inv4, inv6)
-        s = tl.where(pick, s4, s6)
+        if WRITE_DEC:
+            s = tl.where(pick, s4, s6)
+            if slow:
+                dec = ()
+                for j in tl.static_range(8):
+                    dec = dec + (_decode_word(lo, hi, s, j), )
+            else:
+                lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), s)
+                lo, hi = _with_signs(lo, hi, xs)
+            _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
     else:
         # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error.
         mult = s_enc * _div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
         sf = e4m3_bits(clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0))
         s = e4m3_value(sf)
         inv = _inverse_scale(s, s_dec)
-        lo, hi, unused = _fast_candidate(xs, inv, s, s, True, False, MSE)
-        slow = tl.max(tl.where(fast, 0, 1)) != 0
-        if slow:
-            lo_e, hi_e, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
-            lo, hi = tl.where(fast, lo, lo_e), tl.where(fast, hi, hi_e)
-
-    sign_lo, sign_hi = _sign_nibbles(xs)
-    if WRITE_DEC:
-        lo_f, hi_f, dec = _fast_encode_decode(xs, inv, s)
-        lo, hi = tl.where(fast, lo_f | sign_lo, lo), tl.where(fast, hi_f | sign_hi, hi)
-        if slow:
-            dec_exact = ()
-            for j in tl.static_range(8):
-                dec_exact = dec_exact + (tl.where(fast, dec[j], _decode_word(lo, hi, s, j)), )
-            dec = dec_exact
-        _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
-    else:
-        lo, hi = tl.where(fast, lo | sign_lo, lo), tl.where(fast, hi | sign_hi, hi)
+        if tl.max(tl.where(fast, 0, 1)) != 0:
+            lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
+        else:
+            lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE)
+            lo, hi = _with_signs(lo, hi, xs)
     tl.store(scales_ptr + _block_index(rows64, blks, NBLK, TILE16), sf.to(tl.uint8), mask=ok)
     _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+
+
+def _f32_reciprocal(value: float) -> float:
+    """fl(1 / value) in FP32, as a Python float (a constexpr the kernel multiplies by)."""
+    return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
 
 
 def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool):
@@ -361,7 +399,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
                                scales if map4 is None else map4.view(torch.uint8),
                                scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0),
                                amax.dim(), KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
-                               MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, WRITE_DEC=decode,
+                               MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound),
+                               WRITE_DEC=decode,
                                VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, BR=program_rows,
                                NB=program_blocks, num_warps=NUM_WARPS,
                                **COMPILE_OPTIONS)

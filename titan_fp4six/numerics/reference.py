@@ -70,8 +70,9 @@ def _tile_error(err: torch.Tensor) -> torch.Tensor:
     return total.repeat_interleave(BLOCK_SIZE, dim=0)
 
 
-def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
-    """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask)."""
+def _four_over_six_candidates(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
+    """Both candidates of a validated 2-D x: (code6, code4, sf6, sf4, err6, err4), errors per (row, block) after
+    the 16x16 tile sum (repeated over the tile's rows)."""
     rows, cols = x.shape
     xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
     amax_r = _per_row(amax)
@@ -86,8 +87,20 @@ def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err
     err4 = _candidate_error(xb, code4, sf4, amax_r, scale_bound, err_mode)
     if block == "16x16":
         err6, err4 = _tile_error(err6), _tile_error(err4)
+    return code6, code4, sf6, sf4, err6, err4
+
+
+def candidate_errors(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
+    """(err6, err4): the exact candidate errors the choice compares, per (row, block); for error reports and
+    for mining near-ties that test the fast kernels."""
+    return _four_over_six_candidates(x, amax, block, err_mode, scale_bound)[4:]
+
+
+def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
+    """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask)."""
+    code6, code4, sf6, sf4, err6, err4 = _four_over_six_candidates(x, amax, block, err_mode, scale_bound)
     map4 = err4 < err6  # strict: ties and NaN errors keep map-to-6
-    codes = torch.where(map4[..., None], code4, code6).view(rows, cols)
+    codes = torch.where(map4[..., None], code4, code6).view(x.shape)
     scales = torch.where(map4, sf4.view(torch.uint8), sf6.view(torch.uint8)).view(torch.float8_e4m3fn)
     return pack_codes(codes), scales, map4
 
