@@ -1,6 +1,7 @@
 """The quantizer kernel's generated code pins the spec's rounding: compiled ahead of time for Hopper (sm_90)
-on the CPU, its PTX has no FMA (enable_fp_fusion=False is what prevents one) and every FP32 division is
-the correctly rounded div.rn, never Triton's default approximate division."""
+on the CPU, its PTX never contracts a*b + c into an FMA (enable_fp_fusion=False; the only FMAs are the explicit
+ones of the four-over-six error estimate, whose error bound accounts for them) and every FP32 division is the
+correctly rounded div.rn, never Triton's default approximate division."""
 
 import re
 
@@ -9,7 +10,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _ptx(enable_fp_fusion: bool) -> str:
+def _ptx(enable_fp_fusion: bool, four_six: bool) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -17,25 +18,32 @@ def _ptx(enable_fp_fusion: bool) -> str:
 
     pointers = {"x_ptr": "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32", "scales_ptr": "*u8", "map4_ptr": "*u8",
                 "dec_ptr": "*i32"}
-    constexprs = dict(KIND=1, FOUR_SIX=True, TILE16=False, MSE=True, SIX_B=1536.0, WRITE_DEC=True, BR=16, NB=8)
+    constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
+                      WRITE_DEC=four_six, VEC=True, BR=1, NB=32, CHUNKS=2)
     scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_stride": "i32"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"enable_fp_fusion": enable_fp_fusion, "num_warps": 4})
+                                  options={"enable_fp_fusion": enable_fp_fusion, "num_warps": 1})
     except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
         pytest.skip(f"cannot compile for sm_90 here: {exc}")
     return compiled.asm["ptx"]
 
 
-def test_no_fma_and_correctly_rounded_division():
-    ptx = _ptx(enable_fp_fusion=False)
+def _fmas(ptx: str) -> int:
+    return len(re.findall(r"\bfma\.rn\.f32\b", ptx))
+
+
+def test_correctly_rounded_division_and_no_approximate_one():
+    ptx = _ptx(enable_fp_fusion=False, four_six=True)
     assert len(re.findall(r"\bdiv\.rn\.f32\b", ptx)) > 0
-    assert not re.search(r"\bfma\.rn\.f32\b", ptx)
     assert not re.search(r"\bdiv\.(full|approx)\.f32\b", ptx)
 
 
-def test_fusion_flag_is_what_keeps_fma_out():
-    """Control: with contraction allowed, the MSE sum err + d*d becomes an FMA (so the check above can fail)."""
-    assert re.search(r"\bfma\.rn\.f32\b", _ptx(enable_fp_fusion=True))
+def test_no_contracted_fma():
+    """The only FMAs are the error estimate's explicit ones, two per element and candidate (64 per block), and
+    NVFP4 has none; allowing contraction (the control) adds more, from the exact path's err + d * d."""
+    assert _fmas(_ptx(enable_fp_fusion=False, four_six=True)) == 2 * 16 * 2
+    assert _fmas(_ptx(enable_fp_fusion=False, four_six=False)) == 0
+    assert _fmas(_ptx(enable_fp_fusion=True, four_six=True)) > 2 * 16 * 2

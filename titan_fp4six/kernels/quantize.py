@@ -16,10 +16,11 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits, e4m3_value,
                    nan_max, tree_sum16)
 
-# (rows, blocks) per program, one block per thread. 1x16: a warp covers 32 consecutive blocks of a row (1 KB
-# of bf16 input, whole sectors of codes and scales). 16x16: a warp covers 2 tiles' 16 rows.
-PROGRAM_SHAPE = {"1x16": (4, 32), "16x16": (16, 8)}
-NUM_WARPS = 4
+# Launch shape per kernel: (rows, blocks) per chunk with one block per thread, chunks per program, warps. 1x16
+# and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
+# scales); 16x16: a warp covers 2 tiles' 16 rows. One-warp 1x16 programs settle their fast-path check with warp
+# shuffles alone (H200: 15% faster than four warps); see docs/kernels.md.
+LAUNCH = {"1x16": (1, 32, 4, 1), "16x16": (16, 4, 4, 2), "nvfp4": (4, 32, 4, 4)}
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -283,23 +284,23 @@ def _decode_word(lo, hi, sf, j: tl.constexpr):
 @triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
-                     SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr,
-                     NB: tl.constexpr):
-    """The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
+                     SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
+                     BR: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr):
+    """A program quantizes BR rows x CHUNKS * NB blocks, NB blocks (one per thread) at a time, so the per-row
+    work (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
+
+    The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
     divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
     kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
     share one reciprocal seed."""
     six_b = SIX_B
     if TILE16:  # (blocks, rows): a tile's 16 rows sit in one warp, so the tile reductions are warp shuffles
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
-        blks = (tl.program_id(1) * NB + tl.arange(0, NB))[:, None]
+        lanes = tl.arange(0, NB)[:, None]
     else:  # (rows, blocks): a warp reads one long run of a row
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
-        blks = (tl.program_id(1) * NB + tl.arange(0, NB))[None, :]
-    ok = (rows < R) & (blks < NBLK)
+        lanes = tl.arange(0, NB)[None, :]
     rows64 = rows.to(tl.int64)
-    word = rows64 * row_words + blks * (16 if KIND == 0 else 8)
-    xs = _load_block(x_ptr, word, ok, KIND, VEC)
 
     # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
     amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
@@ -307,76 +308,82 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = _div(1.0, s_enc)
 
-    # Step 2: block amax (NaN propagates); a 16x16 tile shares its max over the tile's rows.
-    bamax = tl.abs(xs[0])
-    for i in tl.static_range(1, 16):
-        bamax = nan_max(bamax, tl.abs(xs[i]))
-    if TILE16:
-        bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
+    for chunk in tl.range(CHUNKS):
+        blks = (tl.program_id(1) * CHUNKS + chunk) * NB + lanes
+        ok = (rows < R) & (blks < NBLK)
+        word = rows64 * row_words + blks * (16 if KIND == 0 else 8)
+        xs = _load_block(x_ptr, word, ok, KIND, VEC)
 
-    # Fast-path setting (see the comment above _value_step); a program with any block outside it, or any
-    # four-over-six choice its error bounds cannot settle, runs the exact arithmetic for all its blocks.
-    fast = (amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax)
-    if FOUR_SIX:
-        # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6). With the
-        # decode, the codes are encoded once, for the winner, together with its decode.
-        base = _div_by(bamax, 6.0) * s_enc
-        sf6 = e4m3_bits(clamp_max(base, 448.0))
-        sf4 = e4m3_bits(clamp_max(base * 1.5, 448.0))
-        s6 = e4m3_value(sf6)
-        s4 = e4m3_value(sf4)
-        inv6 = _inverse_scale(s6, s_dec)
-        inv4 = _inverse_scale(s4, s_dec)
-        g6 = _value_step(s6, amax, R6B)
-        g4 = _value_step(s4, amax, R6B)
-        fast = fast & (bamax <= G_MAX) & _in_fast_range(s6, g6, amax) & _in_fast_range(s4, g4, amax)
-        lo6, hi6, e6 = _fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE)
-        lo4, hi4, e4 = _fast_candidate(xs, inv4, g4, not WRITE_DEC, True, MSE)
-        low6, high6 = _error_bounds(e6, g6, MSE)
-        low4, high4 = _error_bounds(e4, g4, MSE)
+        # Step 2: block amax (NaN propagates); a 16x16 tile shares its max over the tile's rows.
+        bamax = tl.abs(xs[0])
+        for i in tl.static_range(1, 16):
+            bamax = nan_max(bamax, tl.abs(xs[i]))
         if TILE16:
-            low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
-            low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
-        pick = tl.broadcast_to(high4 < low6, sf6.shape)
-        settled = pick | (low4 >= high6) | (sf4 == sf6)  # the same scale byte gives bitwise equal errors
-        slow = tl.max(tl.where(fast & settled, 0, 1)) != 0
-        if slow:
-            lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
-            lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
+            bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
+
+        # Fast-path setting (see the comment above _value_step); a chunk with any block outside it, or any
+        # four-over-six choice its error bounds cannot settle, runs the exact arithmetic for all its blocks.
+        fast = (amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax)
+        if FOUR_SIX:
+            # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6). With the
+            # decode, the codes are encoded once, for the winner, together with its decode.
+            base = _div_by(bamax, 6.0) * s_enc
+            sf6 = e4m3_bits(clamp_max(base, 448.0))
+            sf4 = e4m3_bits(clamp_max(base * 1.5, 448.0))
+            s6 = e4m3_value(sf6)
+            s4 = e4m3_value(sf4)
+            inv6 = _inverse_scale(s6, s_dec)
+            inv4 = _inverse_scale(s4, s_dec)
+            g6 = _value_step(s6, amax, R6B)
+            g4 = _value_step(s4, amax, R6B)
+            fast = fast & (bamax <= G_MAX) & _in_fast_range(s6, g6, amax) & _in_fast_range(s4, g4, amax)
+            lo6, hi6, e6 = _fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE)
+            lo4, hi4, e4 = _fast_candidate(xs, inv4, g4, not WRITE_DEC, True, MSE)
+            low6, high6 = _error_bounds(e6, g6, MSE)
+            low4, high4 = _error_bounds(e4, g4, MSE)
             if TILE16:
-                pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), sf6.shape)
-            else:
-                pick = err4 < err6
-        elif not WRITE_DEC:
-            lo6, hi6 = _with_signs(lo6, hi6, xs)
-            lo4, hi4 = _with_signs(lo4, hi4, xs)
-        sf = tl.where(pick, sf4, sf6)
-        lo = tl.where(pick, lo4, lo6)  # with the decode, the fast path's codes come below
-        hi = tl.where(pick, hi4, hi6)
-        tl.store(map4_ptr + _block_index(rows64, blks, NBLK, TILE16), pick.to(tl.uint8), mask=ok)
-        if WRITE_DEC:
-            s = tl.where(pick, s4, s6)
+                low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
+                low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
+            pick = tl.broadcast_to(high4 < low6, sf6.shape)
+            settled = pick | (low4 >= high6) | (sf4 == sf6)  # the same scale byte gives bitwise equal errors
+            slow = tl.max(tl.where(fast & settled, 0, 1)) != 0
             if slow:
-                dec = ()
-                for j in tl.static_range(8):
-                    dec = dec + (_decode_word(lo, hi, s, j), )
-            else:
-                lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), s)
-                lo, hi = _with_signs(lo, hi, xs)
-            _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
-    else:
-        # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error.
-        mult = s_enc * _div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
-        sf = e4m3_bits(clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0))
-        s = e4m3_value(sf)
-        inv = _inverse_scale(s, s_dec)
-        if tl.max(tl.where(fast, 0, 1)) != 0:
-            lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
+                lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
+                lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
+                if TILE16:
+                    pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), sf6.shape)
+                else:
+                    pick = err4 < err6
+            elif not WRITE_DEC:
+                lo6, hi6 = _with_signs(lo6, hi6, xs)
+                lo4, hi4 = _with_signs(lo4, hi4, xs)
+            sf = tl.where(pick, sf4, sf6)
+            lo = tl.where(pick, lo4, lo6)  # with the decode, the fast path's codes come below
+            hi = tl.where(pick, hi4, hi6)
+            tl.store(map4_ptr + _block_index(rows64, blks, NBLK, TILE16), pick.to(tl.uint8), mask=ok)
+            if WRITE_DEC:
+                s = tl.where(pick, s4, s6)
+                if slow:
+                    dec = ()
+                    for j in tl.static_range(8):
+                        dec = dec + (_decode_word(lo, hi, s, j), )
+                else:
+                    lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), s)
+                    lo, hi = _with_signs(lo, hi, xs)
+                _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
         else:
-            lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE)
-            lo, hi = _with_signs(lo, hi, xs)
-    tl.store(scales_ptr + _block_index(rows64, blks, NBLK, TILE16), sf.to(tl.uint8), mask=ok)
-    _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+            # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error.
+            mult = s_enc * _div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
+            sf = e4m3_bits(clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0))
+            s = e4m3_value(sf)
+            inv = _inverse_scale(s, s_dec)
+            if tl.max(tl.where(fast, 0, 1)) != 0:
+                lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
+            else:
+                lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE)
+                lo, hi = _with_signs(lo, hi, xs)
+        tl.store(scales_ptr + _block_index(rows64, blks, NBLK, TILE16), sf.to(tl.uint8), mask=ok)
+        _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
 
 
 def _f32_reciprocal(value: float) -> float:
@@ -392,8 +399,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    program_rows, program_blocks = PROGRAM_SHAPE[block]
-    grid = (triton.cdiv(rows, program_rows), triton.cdiv(nblk, program_blocks))
+    chunk_rows, chunk_blocks, chunks, warps = LAUNCH[block if four_six else "nvfp4"]
+    grid = (triton.cdiv(rows, chunk_rows), triton.cdiv(nblk, chunk_blocks * chunks))
     if rows and nblk:
         _quantize_kernel[grid](words, amax, codes.view(torch.int32), scales,
                                scales if map4 is None else map4.view(torch.uint8),
@@ -401,8 +408,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
                                amax.dim(), KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
                                MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound),
                                WRITE_DEC=decode,
-                               VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, BR=program_rows,
-                               NB=program_blocks, num_warps=NUM_WARPS,
+                               VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, BR=chunk_rows,
+                               NB=chunk_blocks, CHUNKS=chunks, num_warps=warps,
                                **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
