@@ -18,9 +18,9 @@ from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, e2m1_code, e2m1_mag
 
 # Launch shape per kernel: (rows, blocks) per chunk with one block per thread, chunks per program, warps. 1x16
 # and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
-# scales); 16x16: a warp covers 2 tiles' 16 rows. One-warp 1x16 programs settle their fast-path check with warp
-# shuffles alone (H200: 15% faster than four warps); see docs/kernels.md.
-LAUNCH = {"1x16": (1, 32, 4, 1), "16x16": (16, 4, 4, 2), "nvfp4": (4, 32, 4, 4)}
+# scales); 16x16: a warp covers 2 tiles' 16 rows. One-warp programs settle the fast-path check with warp shuffles
+# alone; the fastest of the shapes tried on an H200 (docs/kernels.md).
+LAUNCH = {"1x16": (1, 32, 2, 1), "16x16": (16, 4, 8, 2), "nvfp4": (1, 32, 2, 1)}
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -107,10 +107,9 @@ def _word_to_f32(w, KIND: tl.constexpr, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _load_block(x_ptr, word, mask, KIND: tl.constexpr, VEC: tl.constexpr):
-    """The 16 elements of each block as a tuple of FP32 (BR, NB) tensors (16-bit inputs: element 2j in the low
-    half of word j)."""
-    ws = _load_words(x_ptr, word, mask, 16 if KIND == 0 else 8, VEC)
+def _block_floats(ws, KIND: tl.constexpr):
+    """The 16 elements of each block as a tuple of FP32 (BR, NB) tensors, from its words (16-bit inputs:
+    element 2j in the low half of word j)."""
     xs = ()
     for j in tl.static_range(len(ws)):
         if KIND == 0:
@@ -308,11 +307,18 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = _div(1.0, s_enc)
 
+    WORDS: tl.constexpr = 16 if KIND == 0 else 8
+    first = tl.program_id(1) * CHUNKS * NB + lanes
+    ws_next = _load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
-        blks = (tl.program_id(1) * CHUNKS + chunk) * NB + lanes
+        blks = first + chunk * NB
         ok = (rows < R) & (blks < NBLK)
-        word = rows64 * row_words + blks * (16 if KIND == 0 else 8)
-        xs = _load_block(x_ptr, word, ok, KIND, VEC)
+        word = rows64 * row_words + blks * WORDS
+        # Read the next chunk before working on this one: its load latency hides behind this chunk's arithmetic.
+        ws = ws_next
+        ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (blks + NB < NBLK) & (chunk + 1 < CHUNKS),
+                              WORDS, VEC)
+        xs = _block_floats(ws, KIND)
 
         # Step 2: block amax (NaN propagates); a 16x16 tile shares its max over the tile's rows.
         bamax = tl.abs(xs[0])
