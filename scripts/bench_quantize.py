@@ -74,6 +74,19 @@ def main():
           f"mse, B=256 | median of do_bench")
     for case in CASES:
         run_case(*case, args.rep_ms)
+    exact_path_cost(args.rep_ms)
+
+
+def exact_path_cost(rep_ms):
+    """The worst case: data outside the fast path's range (an amax so small that every chunk runs the exact
+    arithmetic) against the same tensor's fast path."""
+    x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    amax = numerics.tensor_amax(x)
+    fast = _ms(lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256), rep_ms)
+    tiny = torch.tensor(1e-30, device="cuda")
+    slow = _ms(lambda: kq.four_over_six_quantize(x, tiny, "1x16", "mse", 256), rep_ms)
+    print(f"16384x7168 1x16, every chunk on the exact path (amax 1e-30): {slow:.3f} ms = "
+          f"{slow / fast:.1f}x the fast path")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,13 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH near ties", block, err_mode, bound, bad)
+    # The one-add roundings on a stride through every FP32 in [0, 448] (the GPU test takes every one).
+    from rounding_kernels import TOP
+    from rounding_kernels import mismatches as rounding_mismatches
+    bad_roundings = rounding_mismatches(0, TOP + 1, 4099, "cpu")
+    if bad_roundings:
+        mismatches += 1
+        print("MISMATCH roundings", bad_roundings)
     print("configs", configs, "mismatches", mismatches)
     return 1 if mismatches else 0
 

@@ -165,5 +165,6 @@ def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
         kept.append(x)
         above = gap(x) > 0
         lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
-    x = torch.cat(kept)  # (steps * count, rows, 16)
-    return x.reshape(-1, 16, rows, 16).permute(2, 0, 1, 3).reshape(rows, -1, 256).permute(1, 0, 2).reshape(-1, 256), amax
+    x = torch.cat(kept)  # (steps * count, rows, 16): 16 blocks (tiles) side by side per 256 columns
+    x = x.reshape(-1, 16, rows, 16).permute(2, 0, 1, 3).reshape(rows, -1, 256)
+    return x.permute(1, 0, 2).reshape(-1, 256), amax

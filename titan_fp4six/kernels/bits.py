@@ -19,14 +19,14 @@ SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
 
 @triton.jit
 def clamp_max(v, hi):
-    """torch.clamp(v, max=hi): NaN stays NaN."""
-    return tl.where(v != v, v, tl.minimum(v, hi))
+    """torch.clamp(v, max=hi): NaN stays NaN (min.NaN, one instruction)."""
+    return tl.minimum(v, hi, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def clamp_e2m1(v):
     """torch.clamp(v, -6, 6): NaN stays NaN."""
-    return tl.where(v != v, v, tl.minimum(tl.maximum(v, -6.0), 6.0))
+    return tl.minimum(tl.maximum(v, -6.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -49,14 +49,13 @@ def e4m3_bits(f):
 
 
 @triton.jit
-def e4m3_value(b):
-    """float8_e4m3fn bits (int32 0..255) -> FP32, exact; NaN 0x7F decodes to c10's 0x7FF00000."""
-    mag = b & 0x7F
-    subnormal = (mag & 7).to(tl.float32) * 0.001953125  # mantissa * 2^-9, exact
-    normal = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
-    v = tl.where(mag < 8, subnormal, normal).to(tl.int32, bitcast=True)
-    v = tl.where(mag == 0x7F, 0x7FF00000, v)
-    return tl.where(b >= 128, v | SIGN_BIT, v).to(tl.float32, bitcast=True)
+def e4m3_round(f):
+    """FP32 in [0, 448] (or NaN) -> its float8_e4m3fn value as FP32 (the value of e4m3_bits(f)) in five
+    instructions: one FP32 add of M = 2^(e+20) (e the exponent of f, at least -6) rounds f to a multiple of
+    2^(e-3), the E4M3 spacing in f's binade (2^-9 for the subnormals below 2^-6), ties to even; <= 2^-10 -> 0."""
+    e = tl.maximum(f.to(tl.int32, bitcast=True) & 0x7F800000, 121 << 23)
+    magic = (e + (20 << 23)).to(tl.float32, bitcast=True)
+    return (f + magic) - magic
 
 
 @triton.jit

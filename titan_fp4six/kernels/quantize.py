@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits, e4m3_value,
-                   nan_max, tree_sum16)
+from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
+                   e4m3_round, nan_max, tree_sum16)
 
 # Launch shape per kernel: (rows, blocks) per chunk with one block per thread, chunks per program, warps. 1x16
 # and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
@@ -334,10 +334,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6). With the
             # decode, the codes are encoded once, for the winner, together with its decode.
             base = _div_by(bamax, 6.0) * s_enc
-            sf6 = e4m3_bits(clamp_max(base, 448.0))
-            sf4 = e4m3_bits(clamp_max(base * 1.5, 448.0))
-            s6 = e4m3_value(sf6)
-            s4 = e4m3_value(sf4)
+            base6 = clamp_max(base, 448.0)
+            base4 = clamp_max(base * 1.5, 448.0)
+            s6 = e4m3_round(base6)
+            s4 = e4m3_round(base4)
             inv6 = _inverse_scale(s6, s_dec)
             inv4 = _inverse_scale(s4, s_dec)
             g6 = _value_step(s6, amax, R6B)
@@ -350,20 +350,20 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             if TILE16:
                 low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
-            pick = tl.broadcast_to(high4 < low6, sf6.shape)
-            settled = pick | (low4 >= high6) | (sf4 == sf6)  # the same scale byte gives bitwise equal errors
+            pick = tl.broadcast_to(high4 < low6, s6.shape)
+            settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
             slow = tl.max(tl.where(fast & settled, 0, 1)) != 0
             if slow:
                 lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
                 lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
                 if TILE16:
-                    pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), sf6.shape)
+                    pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), s6.shape)
                 else:
                     pick = err4 < err6
             elif not WRITE_DEC:
                 lo6, hi6 = _with_signs(lo6, hi6, xs)
                 lo4, hi4 = _with_signs(lo4, hi4, xs)
-            sf = tl.where(pick, sf4, sf6)
+            sf = e4m3_bits(tl.where(pick, base4, base6))
             lo = tl.where(pick, lo4, lo6)  # with the decode, the fast path's codes come below
             hi = tl.where(pick, hi4, hi6)
             tl.store(map4_ptr + _block_index(rows64, blks, NBLK, TILE16), pick.to(tl.uint8), mask=ok)
@@ -380,8 +380,9 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         else:
             # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error.
             mult = s_enc * _div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
-            sf = e4m3_bits(clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0))
-            s = e4m3_value(sf)
+            scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
+            sf = e4m3_bits(scaled)
+            s = e4m3_round(scaled)
             inv = _inverse_scale(s, s_dec)
             if tl.max(tl.where(fast, 0, 1)) != 0:
                 lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
