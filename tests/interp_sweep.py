@@ -11,6 +11,7 @@ import torch
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from kernel_cases import cases, compare, near_tie_case  # noqa: E402
+from titan_fp4six.numerics import tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
 SHAPES = [(16, 32), (3, 48)]
@@ -39,6 +40,15 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH near ties", block, err_mode, bound, bad)
+    # Rows that are 4- but not 16-byte aligned: the kernels' word-at-a-time path instead of vector accesses.
+    for dtype, offset in ((torch.bfloat16, 2), (torch.float32, 1)):
+        full = torch.randn(16, 64 + 2 * offset).to(dtype)
+        x = full[:, offset:offset + 64]
+        configs += 1
+        bad = compare(kq, x, tensor_amax(x), "16x16", "mse", 256) + compare(kq, x, tensor_amax(x), "1x16", "mae", 448)
+        if bad:
+            mismatches += 1
+            print("MISMATCH unaligned rows", dtype, bad)
     # The one-add roundings on a stride through every FP32 in [0, 448] (the GPU test takes every one).
     from rounding_kernels import TOP
     from rounding_kernels import mismatches as rounding_mismatches

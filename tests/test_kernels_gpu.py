@@ -47,6 +47,15 @@ def test_near_tied_candidate_errors(kq, block, err_mode, bound):
     assert compare(kq, x.cuda(), amax.cuda(), block, err_mode, bound) == []
 
 
+@pytest.mark.parametrize("dtype, offset", ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 1)), ids=str)
+def test_rows_not_16_byte_aligned(kq, dtype, offset):
+    """A view whose rows start 4 bytes past a 16-byte boundary: the word-at-a-time path, same bytes."""
+    x = torch.randn(48, 272 + 2 * offset, device="cuda").to(dtype)[:, offset:offset + 272]
+    assert x.data_ptr() % 16 and kq.eligible(x)
+    for block in ("1x16", "16x16"):
+        assert compare(kq, x, numerics.tensor_amax(x), block, "mse", 256) == []
+
+
 def test_large_random_matches_and_is_deterministic(kq):
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(1024, 7168, device="cuda", generator=gen, dtype=torch.bfloat16) * 3

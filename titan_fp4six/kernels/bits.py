@@ -1,12 +1,12 @@
-"""Bit-exact scalar building blocks for the Triton quantizers, each mirroring the reference step for step.
+"""Bit-exact scalar building blocks for the Triton quantizers, each equal to the reference's step.
 
-Hopper has no E2M1 convert instruction and its E4M3 convert treats NaN differently from PyTorch's, so both
-encodings are done in integer code on the FP32 bits with the reference's exact algorithms (torchao's
-f32_to_f4_unpacked, c10's fp8e4m3fn_from_fp32_value): same rounding, same NaN and signed-zero handling.
-Sign bits are set with bit operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0).
-Clamps keep NaN like torch.clamp (tl.minimum alone would drop it).
+Hopper has no E2M1 convert instruction and its E4M3 convert treats NaN differently from PyTorch's. The fast
+path rounds onto both grids with one FP32 add of a "magic" constant (e2m1_magic, e4m3_round: exact for their
+stated input ranges, checked on every input by the tests); the stored scale bytes and the exact path use
+integer code on the FP32 bits with the reference's algorithms (torchao's f32_to_f4_unpacked, c10's
+fp8e4m3fn_from_fp32_value): same rounding, same NaN and signed-zero handling. Sign bits are set with bit
+operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0). Clamps keep NaN like torch.clamp.
 """
-
 import triton
 import triton.language as tl
 

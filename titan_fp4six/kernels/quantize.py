@@ -1,14 +1,14 @@
 """Triton four-over-six and standard NVFP4 quantizers, bitwise equal to numerics/reference.py.
 
-Each program quantizes BR rows x NB 1x16 blocks; every tensor in the kernel is one value per block (BR, NB),
-and the 16 elements of a block are a tuple unrolled at compile time, so each thread owns whole blocks (no
-cross-thread shuffles) and the error sum runs i = 0..15 in order by construction. Every rounding step is
-the reference's: FP32 ops one at a time (launched with enable_fp_fusion=False, so a*b+c never becomes an
-FMA), every division tl.math.div_rn (Triton's `/` is approximate), E4M3/E2M1 encodings in integer code
-(bits.py), and 16x16 tiles add their row errors in the spec's tree. Launchers take validated arguments;
-numerics.quantize dispatches here.
+Each thread owns whole 1x16 blocks: the 16 elements are a tuple of (rows, blocks) tensors unrolled at compile
+time, so the error sum runs i = 0..15 in order by construction and only 16x16 tiles talk across threads (warp
+shuffles, in the spec's tree order). Codes and scale values come from one-add roundings (bits.py); the
+four-over-six choice from a cheap error estimate with a proven bound (the comment above _value_step), and a
+chunk of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), runs the spec's
+arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted FMA) and tl.math.div_rn for
+every division. Launchers take validated arguments; numerics.quantize dispatches here. docs/kernels.md has the
+design, the validation and the H200 speed.
 """
-
 import torch
 import triton
 import triton.language as tl
@@ -166,10 +166,10 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
 # (4) Hence mse: sqrt(err) in [sqrt(e~)(1 - 10u) - 4 eta, sqrt(e~)(1 + 10u) + 8 eta] (1 + 10u covers
 #     1/sqrt(1 - 18u) and the 18u of (3)); mae: err in [e~(1 - 36u) - 16 eta, e~(1 + 36u) + 16 eta].
 #     _error_bounds widens every factor to 1 +- 2^-16 (> 256u), which also covers the rounding of its own few
-#     operations and the approximate square root, and adds TAU = 2^-140 for roundings in FP32's subnormal
-#     range (at most ~50 of them, each <= 2^-150); in this setting errors are O(g^2) >= 2^-82 or exact zeros.
+#     operations and the approximate square root, and adds TAU = 2^-140 for the roundings that land in FP32's
+#     subnormal range when some d_i is tiny (at most ~50 of them, each off by <= 2^-150).
 # 16x16 tiles add the row bounds in the spec's tree, 15 rounded adds of nonnegative numbers (<= 4u deep),
-# again inside the 2^-16 slack. Candidates with the same scale byte have bitwise equal errors: a tie, map-to-6.
+# again inside the 2^-16 slack. Candidates with the same scale have bitwise equal errors: a tie, map-to-6.
 SLACK_UP = tl.constexpr(1.0 + 2.0 ** -16)
 SLACK_DOWN = tl.constexpr(1.0 - 2.0 ** -16)
 TAU = tl.constexpr(2.0 ** -140)
