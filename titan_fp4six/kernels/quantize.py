@@ -190,23 +190,36 @@ def _in_fast_range(sf, g, amax):
 
 
 @triton.jit
+def _round_e2m1(x, inv):
+    """(y, magic) with y = a + magic, a = min(|x * inv|, 6): the code magnitude is bits(y) & 7, the value
+    y - magic. On the fast path inv is in (0, FLT_MAX] and x is never NaN, so q = x * inv is never NaN and
+    sign(q) = sign(x): this is the spec's code of q up to its sign bit."""
+    a = tl.minimum(tl.abs(x * inv), 6.0)
+    magic = e2m1_magic(a)
+    return a + magic, magic
+
+
+@triton.jit
+def _pack(lo, hi, nibble, i: tl.constexpr):
+    """Element i's 4-bit code into the packed words (elements 0-7 in lo, 8-15 in hi, element 2j low nibble)."""
+    if i < 8:
+        lo = lo | (nibble << (4 * i))
+    else:
+        hi = hi | (nibble << (4 * (i - 8)))
+    return lo, hi
+
+
+@triton.jit
 def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr):
-    """One candidate on the fast path: exact code magnitudes packed into two int32 words (if PACK; signs are
-    added by the caller) and the error estimate e~ of the comment above. inv is in (0, FLT_MAX] and x is never
-    NaN there, so q = x * inv is never NaN, sign(q) = sign(x), and the code is e2m1_magic's of min(|q|, 6)."""
+    """One candidate on the fast path: exact code magnitudes packed into two int32 words (if PACK; the signs
+    come from _with_signs) and (if ERRORS) the error estimate e~ of the comment above."""
     err = tl.zeros(inv.shape, tl.float32)
     lo = tl.zeros(inv.shape, tl.int32)
     hi = tl.zeros(inv.shape, tl.int32)
     for i in tl.static_range(16):
-        a = tl.minimum(tl.abs(xs[i] * inv), 6.0)
-        magic = e2m1_magic(a)
-        y = a + magic
+        y, magic = _round_e2m1(xs[i], inv)
         if PACK:
-            mag = y.to(tl.int32, bitcast=True) & 7
-            if i < 8:
-                lo = lo | (mag << (4 * i))
-            else:
-                hi = hi | (mag << (4 * (i - 8)))
+            lo, hi = _pack(lo, hi, y.to(tl.int32, bitcast=True) & 7, i)
         if ERRORS:
             d = tl.fma(y - magic, g, -tl.abs(xs[i]))
             err = tl.fma(d, d, err) if MSE else err + tl.abs(d)
@@ -236,14 +249,8 @@ def _fast_encode_decode(xs, inv, sf):
     dec = ()
     low_half = tl.zeros(inv.shape, tl.int32)
     for i in tl.static_range(16):
-        a = tl.minimum(tl.abs(xs[i] * inv), 6.0)
-        magic = e2m1_magic(a)
-        y = a + magic
-        mag = y.to(tl.int32, bitcast=True) & 7
-        if i < 8:
-            lo = lo | (mag << (4 * i))
-        else:
-            hi = hi | (mag << (4 * (i - 8)))
+        y, magic = _round_e2m1(xs[i], inv)
+        lo, hi = _pack(lo, hi, y.to(tl.int32, bitcast=True) & 7, i)
         value = ((y - magic) * sf).to(tl.int32, bitcast=True) | (xs[i].to(tl.int32, bitcast=True) & SIGN_BIT)
         if i % 2 == 0:
             low_half = (value >> 16) & 0xFFFF
@@ -361,7 +368,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 else:
                     pick = err4 < err6
             elif not WRITE_DEC:
-                lo6, hi6 = _with_signs(lo6, hi6, xs)
+                lo6, hi6 = _with_signs(lo6, hi6, xs)  # the compiler computes the signs once
                 lo4, hi4 = _with_signs(lo4, hi4, xs)
             sf = e4m3_bits(tl.where(pick, base4, base6))
             lo = tl.where(pick, lo4, lo6)  # with the decode, the fast path's codes come below
