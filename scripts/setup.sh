@@ -8,4 +8,4 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.13.0
 fi
-"$PY" -m pip install -q -e ".[test]"
+"$PY" -m pip install -q -e ".[test,plots]"  # plots: the report scripts and their tests
