@@ -281,3 +281,21 @@ def test_16x16_four_over_six_beats_its_own_map_to_six():
     mse46 = _mse(x, four_over_six_quantize(x, a, block="16x16"), a, 256)
     print(f"\n16x16 4/6 / 16x16 map-to-6 MSE: {mse46 / mse6:.4f}")
     assert mse46 < mse6
+
+
+@pytest.mark.parametrize("block", ["1x16", "16x16"])
+def test_candidate_errors_match_the_oracle(block):
+    """reference.candidate_errors (what near-tie mining and error reports read) is the oracle's per-block
+    errors, summed in the spec's tree for 16x16, bit for bit."""
+    from titan_fp4six.numerics.reference import candidate_errors
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(32, 48, generator=gen) * torch.rand(32, 1, generator=gen)
+    err6, err4 = candidate_errors(x, tensor_amax(x), block, "mse", 256)
+    *_, o4, o6 = oracle.four_over_six(x.numpy(), float(tensor_amax(x)), block, "mse", 256)
+    for got, rows in ((err4, o4), (err6, o6)):
+        want = np.array(rows, dtype=np.float32)
+        if block == "16x16":
+            want = np.array([[oracle.tree_sum([rows[t * 16 + i][b] for i in range(16)]) for b in range(3)]
+                             for t in range(2)], dtype=np.float32).repeat(16, axis=0)
+        np.testing.assert_array_equal(got.numpy().view(np.int32), want.view(np.int32))
