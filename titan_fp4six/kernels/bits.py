@@ -7,6 +7,7 @@ integer code on the FP32 bits with the reference's algorithms (torchao's f32_to_
 fp8e4m3fn_from_fp32_value): same rounding, same NaN and signed-zero handling. Sign bits are set with bit
 operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0). Clamps keep NaN like torch.clamp.
 """
+
 import triton
 import triton.language as tl
 
