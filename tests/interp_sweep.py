@@ -15,7 +15,7 @@ from titan_fp4six.numerics import tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
 SHAPES = [(16, 32), (3, 48)]
-KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "tiny_amax")
+KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "low_edge", "tiny_amax")
 
 
 def main() -> int:
@@ -49,10 +49,12 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH unaligned rows", dtype, bad)
-    # The one-add roundings on a stride through every FP32 in [0, 448] (the GPU test takes every one).
-    from rounding_kernels import TOP
+    # The scalar shortcuts on a stride through their inputs and one whole binade (the GPU test takes every one).
+    from rounding_kernels import FINITE, TOP
     from rounding_kernels import mismatches as rounding_mismatches
-    bad_roundings = rounding_mismatches(0, TOP + 1, 4099, "cpu")
+    one = int(torch.tensor(1.0).view(torch.int32))
+    bad_roundings = (rounding_mismatches(0, TOP + 1, 4099, "cpu") + rounding_mismatches(0, FINITE, 65537, "cpu")
+                     + rounding_mismatches(one, one + (1 << 23), 1, "cpu"))
     if bad_roundings:
         mismatches += 1
         print("MISMATCH roundings", bad_roundings)

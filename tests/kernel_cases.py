@@ -45,6 +45,14 @@ def _data(kind, rows, cols, scale_bound, gen):
         flat[idx[1::3]] = float("inf")
         flat[idx[2::3]] = -float("inf")
         return x, tensor_amax(torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+    if kind == "low_edge":  # small amax (S_enc ~ 2^67) with blocks below 2^-124, where div6 is not exact
+        tiny = torch.rand(rows, cols // 16, 1, generator=gen) < 0.25
+        scales = torch.where(tiny, torch.tensor(2.0 ** -128), torch.tensor(2.0 ** -58))
+        return x * scales.repeat_interleave(16, -1).view(rows, cols), torch.tensor(2.0 ** -56)
+    if kind == "high_edge":  # amax at the fast path's upper edge; some blocks above its 2^56 block max
+        x = x * 2.0 ** 52
+        x[::8, :16] *= 32.0
+        return x, torch.tensor(2.0 ** 58)
     if kind == "huge_amax":
         return x, torch.tensor(3.0e38)
     if kind == "tiny_amax":  # S_enc = 6B / amax overflows: clamped to FLT_MAX
@@ -58,7 +66,8 @@ def _data(kind, rows, cols, scale_bound, gen):
     raise ValueError(kind)
 
 
-KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "huge_amax", "tiny_amax", "zero_amax", "inf_amax", "nan_amax")
+KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "low_edge", "high_edge", "huge_amax", "tiny_amax",
+         "zero_amax", "inf_amax", "nan_amax")
 
 
 def _row_amax(x, given, block):

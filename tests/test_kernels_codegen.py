@@ -1,7 +1,8 @@
 """The quantizer kernel's generated code pins the spec's rounding: compiled ahead of time for Hopper (sm_90)
 on the CPU, its PTX never contracts a*b + c into an FMA (enable_fp_fusion=False; the only FMAs are the explicit
-ones of the four-over-six error estimate, whose error bound accounts for them) and every FP32 division is the
-correctly rounded div.rn, never Triton's default approximate division."""
+ones of the four-over-six error estimate and its bounds, and of the division-free roundings div6 and
+_newton_inverse_scale, each proven or checked on every input) and every FP32 division is the correctly
+rounded div.rn, never Triton's default approximate division."""
 
 import re
 
@@ -19,7 +20,7 @@ def _ptx(enable_fp_fusion: bool, four_six: bool) -> str:
     pointers = {"x_ptr": "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32", "scales_ptr": "*u8", "map4_ptr": "*u8",
                 "dec_ptr": "*i32"}
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
-                      WRITE_DEC=four_six, VEC=True, BR=1, NB=32, CHUNKS=2)
+                      WRITE_DEC=four_six, VEC=True, HW_RCP=True, BR=1, NB=32, CHUNKS=2)
     scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_stride": "i32"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)
@@ -42,8 +43,10 @@ def test_correctly_rounded_division_and_no_approximate_one():
 
 
 def test_no_contracted_fma():
-    """The only FMAs are the error estimate's explicit ones, two per element and candidate (64 per block), and
-    NVFP4 has none; allowing contraction (the control) adds more, from the exact path's err + d * d."""
-    assert _fmas(_ptx(enable_fp_fusion=False, four_six=True)) == 2 * 16 * 2
+    """The only FMAs are the explicit ones: per block two per element and candidate for the error estimate,
+    three per candidate for its bounds, two for div6 and four per candidate for the Newton inverse scales;
+    NVFP4 has none. Allowing contraction (the control) adds more, from the exact path's err + d * d."""
+    explicit = 2 * 16 * 2 + 3 * 2 + 2 + 4 * 2
+    assert _fmas(_ptx(enable_fp_fusion=False, four_six=True)) == explicit
     assert _fmas(_ptx(enable_fp_fusion=False, four_six=False)) == 0
-    assert _fmas(_ptx(enable_fp_fusion=True, four_six=True)) > 2 * 16 * 2
+    assert _fmas(_ptx(enable_fp_fusion=True, four_six=True)) > explicit

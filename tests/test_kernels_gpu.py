@@ -141,8 +141,18 @@ def test_every_fp32_magnitude_up_to_six(kq):
             assert compare(kq, x, torch.tensor(6.0 * 448, device="cuda"), "1x16", "mae", 448) == []
 
 
-def test_one_add_roundings_on_every_input():
-    """e2m1_magic and e4m3_round against the reference encoders on every FP32 in [0, 6] and [0, 448]."""
-    from rounding_kernels import TOP, mismatches
+def test_scalar_shortcuts_on_every_input():
+    """e2m1_magic, e4m3_round, e4m3_byte and div6 against the reference on every FP32 they take."""
+    from rounding_kernels import FINITE, mismatches
     step = 1 << 26
-    assert sum(mismatches(start, min(start + step, TOP + 1), 1, "cuda") for start in range(0, TOP + 1, step)) == 0
+    assert sum(mismatches(start, min(start + step, FINITE), 1, "cuda") for start in range(0, FINITE, step)) == 0
+
+
+def test_newton_inverse_scale_on_every_input():
+    """The fast path's division-free inverse scale equals min(1 / b, FLT_MAX) for b = 0 and every b in
+    [2^-100, 2^57], the range the fast path's setting gives it."""
+    from rounding_kernels import newton_inverse_mismatches
+    lo, hi = (int(torch.tensor(2.0 ** e).view(torch.int32)) for e in (-100, 57))
+    step = 1 << 26
+    assert newton_inverse_mismatches(0, 1) == 0
+    assert sum(newton_inverse_mismatches(start, min(start + step, hi + 1)) for start in range(lo, hi + 1, step)) == 0

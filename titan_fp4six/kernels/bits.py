@@ -16,6 +16,7 @@ from ..numerics.reference import NAN_CODE as _NAN_CODE
 NAN_CODE = tl.constexpr(_NAN_CODE)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
+ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6)
 
 
 @triton.jit
@@ -57,6 +58,24 @@ def e4m3_round(f):
     e = tl.maximum(f.to(tl.int32, bitcast=True) & 0x7F800000, 121 << 23)
     magic = (e + (20 << 23)).to(tl.float32, bitcast=True)
     return (f + magic) - magic
+
+
+@triton.jit
+def e4m3_byte(s):
+    """E4M3 value s as FP32 (>= 0, finite: an output of e4m3_round) -> its float8_e4m3fn byte in two instructions.
+    s * 2^-120 carries E4M3's exponent bias in FP32's exponent field (exact: a power-of-two scaling that lands the
+    E4M3 subnormals k * 2^-9 on the FP32 subnormals k * 2^-129), so its bits shifted right by 20 are the byte."""
+    return (s * 7.52316384526264e-37).to(tl.int32, bitcast=True) >> 20
+
+
+@triton.jit
+def div6(a):
+    """fl(a / 6) for finite a >= 2^-124 without a division: q = fl(a * fl(1/6)) is within one ulp of a / 6, the
+    remainder a - 6q is exact in one FMA, and q + remainder * fl(1/6) then rounds to a / 6 (Markstein's
+    theorem). Smaller a (results near FP32's subnormals) give a result below 2^-124, like a / 6. Checked against
+    a correctly rounded division on every FP32 (tests)."""
+    q = a * ONE_SIXTH
+    return tl.fma(tl.fma(q, -6.0, a), ONE_SIXTH, q)
 
 
 @triton.jit
