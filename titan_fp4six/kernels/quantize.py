@@ -173,8 +173,10 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
 #     to e~(1 +- 2^-14) +- c with c = 2^-15 g^2 (mse) or 2^-14 g (mae, twice 16 eta), margins that also cover
 #     its own three roundings, and widens by TAU = 2^-140 for the subnormal roundings (each <= 2^-150, at
 #     most ~60 of them, at most doubled). Nothing overflows: |d_i| <= 7 * 2^56, a 16x16 tile's sum < 2^126.
-# 16x16 tiles add the row bounds in the spec's tree, 15 rounded adds of nonnegative numbers (<= 4u deep),
-# inside SLACK = 2^-16. Candidates with the same scale have bitwise equal errors: a tie, map-to-6.
+# 16x16 tiles add the row bounds in the spec's tree, as the spec adds the row errors: 15 rounded adds, 4u deep.
+# Every hi is positive, so that is 4u of their sum, inside SLACK = 2^-16. A lo can be negative, and then the
+# sum's rounding is 4u of the sum of |lo|; every lo sits at least 2^-15 |lo| below its row's error (all of |lo|
+# when lo < 0), which absorbs it. Candidates with the same scale have bitwise equal errors: a tie, map-to-6.
 SLACK_UP = tl.constexpr(1.0 + 2.0 ** -16)
 SLACK_DOWN = tl.constexpr(1.0 - 2.0 ** -16)
 BOUND_UP = tl.constexpr(1.0 + 2.0 ** -14)
