@@ -3,12 +3,12 @@
 Each thread owns whole 1x16 blocks: the 16 elements are a tuple of (rows, blocks) tensors unrolled at compile
 time, so the error sum runs i = 0..15 in order by construction and only 16x16 tiles talk across threads (warp
 shuffles, in the spec's tree order). Codes and scale values come from one-add roundings (bits.py); the
-four-over-six choice from a cheap error estimate with a proven bound (the comment above _value_step), and a
-chunk of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), runs the spec's
-arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted FMA); every division is
-tl.math.div_rn except two the fast path replaces by exact FMA sequences (bits.div6, _newton_inverse_scale).
-Launchers take validated arguments; numerics.quantize dispatches here. docs/kernels.md has the design, the
-validation and the H200 speed.
+four-over-six choice from a cheap error estimate with a proven bound (the comment above _value_step). A chunk
+of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), is redone after the
+chunk loop with the spec's arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted
+FMA); every division is tl.math.div_rn except two the fast path replaces by exact FMA sequences (bits.div6,
+_newton_inverse_scale). Launchers take validated arguments; numerics.quantize dispatches here.
+docs/kernels.md has the design, the validation and the H200 speed.
 """
 import torch
 import triton
@@ -17,11 +17,12 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
 
-# Launch shape per kernel: (rows, blocks) per chunk with one block per thread, chunks per program, warps. 1x16
-# and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
+# Launch shape per kernel: (rows, blocks) per chunk with one block per thread, most chunks per program, warps.
+# 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
 # scales); 16x16: a warp covers 2 tiles' 16 rows. One-warp programs settle the fast-path check with warp shuffles
 # alone; the fastest of the shapes tried on an H200 (docs/kernels.md).
-LAUNCH = {"1x16": (1, 32, 2, 1), "16x16": (16, 4, 8, 2), "nvfp4": (1, 32, 2, 1)}
+LAUNCH = {"1x16": (1, 32, 8, 1), "16x16": (16, 4, 8, 2), "nvfp4": (1, 32, 8, 1)}
+MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -159,28 +160,32 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
 # Codes are exact (same inv, same q, e2m1_magic is the spec's rounding). Let u = 2^-24, D_i = val_i - |x_i|
 # (val_i the spec's value, |val_i - x_i| = |D_i| since val_i has x_i's sign), S = sum D_i^2, T = sum |D_i|.
 # Every rounding below is off by at most u times its result or, in FP32's subnormal range, by 2^-150.
-# (1) val_i = fl(fl(v_i s A) / 6B) and g v_i are both V_i = v_i s A / 6B times at most three (1 +- u)
-#     factors, V_i <= 6 s A / 6B <= 6 g / (1 - u)^3, all normal: |val_i - v_i g| <= 30.01 u g < eta = 32 u g.
-# (2) The estimate: d~_i = fma(v_i, g, -|x_i|) = (D_i + e_i)(1 + b_i), |e_i| <= eta, |b_i| <= u, summed with
-#     fma (mse: e~ = sum d~_i^2) or add (mae: e~ = sum |d~_i|), 16 roundings: factor within 1 +- 17u.
-#     mse: sum (|D_i| +- eta)^2 lies in [S - 8 eta sqrt(S), (sqrt(S) + 4 eta)^2] (Cauchy-Schwarz: T <= 4 sqrt(S)).
-#     mae: sum |d~_i| / (1 +- u) lies in [T - 16 eta, T + 16 eta].
-# (3) The exact error: err = S or T times (1 +- 18u) (rounded difference, square, 15 rounded adds).
-# (4) Hence mse: sqrt(err) in [sqrt(e~)(1 - 10u) - 4 eta, sqrt(e~)(1 + 10u) + 8 eta] (1 + 10u covers
-#     1/sqrt(1 - 18u) and the 18u of (3)); mae: err in [e~(1 - 36u) - 16 eta, e~(1 + 36u) + 16 eta].
-# (5) Without square roots (2ab <= t a^2 + b^2 / t, t = 2^-16), mse: err <= e~(1 + 10u)^2 (1 + 2^-16) +
-#     (2^-16 + 2^-32) g^2 and err >= e~(1 - 10u)^2 (1 - 2^-16) - 2^-18 g^2. _error_bounds rounds both cases out
-#     to e~(1 +- 2^-14) +- c with c = 2^-15 g^2 (mse) or 2^-14 g (mae, twice 16 eta), margins that also cover
-#     its own three roundings, and widens by TAU = 2^-140 for the subnormal roundings (each <= 2^-150, at
-#     most ~60 of them, at most doubled). Nothing overflows: |d_i| <= 7 * 2^56, a 16x16 tile's sum < 2^126.
+# (1) val_i = fl(fl(v_i s A) / 6B) (v_i s is exact) is V_i = v_i s A / 6B times two (1 +- u) factors and g v_i
+#     is V_i times three, V_i <= 6 s A / 6B <= 6 g / (1 - u)^3, all normal: |val_i - v_i g| <= eta = 30.01 u g.
+# (2) The estimate: d~_i = fma(v_i, g, -|x_i|) = P_i (1 + b_i), P_i = D_i + e_i, |e_i| <= eta, |b_i| <= u,
+#     summed with fma (mse: e~ = sum d~_i^2, two roundings in each square, up to 16 in the sum) or add (mae:
+#     e~ = sum |d~_i|): e~ = sum P_i^2 times 1 +- 18.001u, or sum |P_i| times 1 +- 17.001u.
+# (3) The exact error: err = S times 1 +- 18.001u (rounded difference, square, 15 rounded adds), or T times
+#     1 +- 16.001u.
+# (4) mse: sum P_i^2 = S + 2 sum D_i e_i + sum e_i^2 with |2 sum D_i e_i| <= 2 eta T <= 8 eta sqrt(S)
+#     (Cauchy-Schwarz over 16 terms) <= t S + 16 eta^2 / t for any t > 0 (2ab <= a^2 + b^2), and
+#     sum e_i^2 <= 16 eta^2. With t = 2^-16, 16 eta^2 (1 + 1/t) < 2^-18 g^2, so sum P_i^2 lies in
+#     [S (1 - t) - 2^-18 g^2, S (1 + t) + 2^-18 g^2], and with (2), (3): err <= e~ (1 + t + 37u) + 2^-18 g^2,
+#     err >= e~ (1 - t - 37u) - 2^-18 g^2. mae: ||P_i| - |D_i|| <= eta, so err lies in e~ (1 +- 34u) +- 16.01 eta,
+#     and 16.01 eta < 2^-15 g.
+# (5) _error_bounds rounds these out to e~ (1 +- R) +- c with R = 1.25 * 2^-16 (27u above t + 37u) and
+#     c = 2^-17 g^2 (mse) or 2^-14 g (mae), twice the terms they cover: margins that also cover its own three
+#     roundings. It widens by TAU = 2^-140 for the subnormal roundings (each <= 2^-150, at most ~60 of them,
+#     at most doubled). Nothing overflows: |d_i| <= 7 * 2^56, a 16x16 tile's sum < 2^126.
 # 16x16 tiles add the row bounds in the spec's tree, as the spec adds the row errors: 15 rounded adds, 4u deep.
 # Every hi is positive, so that is 4u of their sum, inside SLACK = 2^-16. A lo can be negative, and then the
-# sum's rounding is 4u of the sum of |lo|; every lo sits at least 2^-15 |lo| below its row's error (all of |lo|
-# when lo < 0), which absorbs it. Candidates with the same scale have bitwise equal errors: a tie, map-to-6.
+# sum's rounding is 4u of the sum of |lo|; every lo sits at least 20u |lo| below its row's error (the margin
+# of (5); all of |lo| when lo < 0), which absorbs it. Candidates with the same scale have bitwise equal errors:
+# a tie, map-to-6.
 SLACK_UP = tl.constexpr(1.0 + 2.0 ** -16)
 SLACK_DOWN = tl.constexpr(1.0 - 2.0 ** -16)
-BOUND_UP = tl.constexpr(1.0 + 2.0 ** -14)
-BOUND_DOWN = tl.constexpr(1.0 - 2.0 ** -14)
+BOUND_UP = tl.constexpr(1.0 + 1.25 * 2.0 ** -16)
+BOUND_DOWN = tl.constexpr(1.0 - 1.25 * 2.0 ** -16)
 TAU = tl.constexpr(2.0 ** -140)
 AMAX_MIN = tl.constexpr(2.0 ** -79)
 AMAX_MAX = tl.constexpr(2.0 ** 58)
@@ -243,7 +248,7 @@ def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: t
 @triton.jit
 def _error_bounds(e, g, MSE: tl.constexpr):
     """[lo, hi] enclosing the spec's exact error of a fast-path block from its estimate e (comment above)."""
-    c = tl.fma(g, g * 3.0517578125e-05, TAU) if MSE else tl.fma(g, 6.103515625e-05, TAU)  # 2^-15 g^2, 2^-14 g
+    c = tl.fma(g, g * 7.62939453125e-06, TAU) if MSE else tl.fma(g, 6.103515625e-05, TAU)  # 2^-17 g^2, 2^-14 g
     return tl.fma(e, BOUND_DOWN, -c), tl.fma(e, BOUND_UP, c)
 
 
@@ -327,37 +332,108 @@ def _decode_word(lo, hi, sf, j: tl.constexpr):
     return (a & 0xFFFF) | (b << 16)
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride"])
+@triton.jit
+def _prefers_map4(err4, err6, TILE16: tl.constexpr):
+    """Spec step 7 from exact errors: strict err4 < err6 (ties and NaN keep map-to-6); a 16x16 tile compares its
+    row errors' sums in the spec's tree order, and the choice holds for each of its rows."""
+    if TILE16:
+        return tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), err4.shape)
+    return err4 < err6
+
+
+@triton.jit
+def _chunk_layout(row_group, BR: tl.constexpr, NB: tl.constexpr, TILE16: tl.constexpr):
+    """(rows, lanes) of a chunk of BR rows x NB blocks, one block per thread. 16x16 lays it out (blocks, rows),
+    so a tile's 16 rows sit in one warp and the tile reductions are warp shuffles; 1x16 and NVFP4 (rows,
+    blocks), so a warp reads one long run of a row."""
+    if TILE16:
+        rows = (row_group * BR + tl.arange(0, BR))[None, :]
+        lanes = tl.arange(0, NB)[:, None]
+    else:
+        rows = (row_group * BR + tl.arange(0, BR))[:, None]
+        lanes = tl.arange(0, NB)[None, :]
+    return rows, lanes
+
+
+@triton.jit
+def _global_scales(amax_ptr, rows, R, amax_stride, six_b):
+    """Step 1: (amax, S_enc, S_dec) per tensor (amax_stride 0) or per row (1); they broadcast over blocks."""
+    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
+    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    return amax, s_enc, _div(1.0, s_enc)
+
+
+@triton.jit
+def _tile_max(bamax, TILE16: tl.constexpr):
+    """Step 2's block amax as the scale sees it: a 16x16 tile shares its max over the tile's rows."""
+    if TILE16:
+        bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
+    return bamax
+
+
+@triton.jit
+def _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
+                 FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
+    """A chunk's outputs: scale bytes and packed codes; for four-over-six the map-to-4 flags (and the decode)."""
+    index = _block_index(rows64, blks, NBLK, TILE16)
+    if FOUR_SIX:
+        tl.store(map4_ptr + index, pick.to(tl.uint8), mask=ok)
+    if WRITE_DEC:
+        _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
+    tl.store(scales_ptr + index, sf.to(tl.uint8), mask=ok)
+    _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+
+
+@triton.jit
+def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constexpr, MSE: tl.constexpr,
+                    TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
+    """Steps 2-7 exactly as written, for any input, reading the chunk's x again: (map-to-4 choice, scale byte,
+    packed signed codes, decode words)."""
+    bamax = tl.abs(_load_element(x_ptr, word, 0, ok, KIND))
+    for i in tl.range(1, 16, loop_unroll_factor=1):
+        bamax = nan_max(bamax, tl.abs(_load_element(x_ptr, word, i, ok, KIND)))
+    base6, base4, s6, s4, inv6, inv4 = _candidate_scales(_tile_max(bamax, TILE16), s_enc, s_dec, s_dec, True, False)
+    lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
+    lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
+    pick = _prefers_map4(err4, err6, TILE16)
+    lo = tl.where(pick, lo4, lo6)
+    hi = tl.where(pick, hi4, hi6)
+    dec = ()
+    if WRITE_DEC:
+        for j in tl.static_range(8):
+            dec = dec + (_decode_word(lo, hi, tl.where(pick, s4, s6), j), )
+    return pick, e4m3_bits(tl.where(pick, base4, base6)), lo, hi, dec
+
+
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride", "CHUNKS"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
-                     KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
+                     CHUNKS, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
-                     HW_RCP: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr):
-    """A program quantizes BR rows x CHUNKS * NB blocks, NB blocks (one per thread) at a time, so the per-row
-    work (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
+                     HW_RCP: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+    """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
+    (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
+
+    Four-over-six writes every chunk from the fast path and notes (one bit per chunk) those whose choice it
+    cannot settle or that lie outside its setting; after the chunk loop those are recomputed exactly as the spec
+    writes them and written again. Keeping the exact arithmetic out of the loop keeps the loop's registers (and
+    so the kernel's occupancy) and its code those of the fast path alone: 0.167 against 0.175 ms for a branch
+    to it inside the loop (H200, 16384x7168, 1x16, same bounds).
 
     The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
     divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
     kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
     share one reciprocal seed."""
     six_b = SIX_B
-    if TILE16:  # (blocks, rows): a tile's 16 rows sit in one warp, so the tile reductions are warp shuffles
-        rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
-        lanes = tl.arange(0, NB)[:, None]
-    else:  # (rows, blocks): a warp reads one long run of a row
-        rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
-        lanes = tl.arange(0, NB)[None, :]
+    rows, lanes = _chunk_layout(tl.program_id(0), BR, NB, TILE16)
     rows64 = rows.to(tl.int64)
-
-    # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
-    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
-    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
-    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    s_dec = _div(1.0, s_enc)
+    amax, s_enc, s_dec = _global_scales(amax_ptr, rows, R, amax_stride, six_b)
     neg_s_dec = (s_dec.to(tl.int32, bitcast=True) ^ SIGN_BIT).to(tl.float32, bitcast=True)
     row_fast = _amax_in_fast_range(amax)
 
     WORDS: tl.constexpr = 16 if KIND == 0 else 8
     first = tl.program_id(1) * CHUNKS * NB + lanes
+    deferred = 0  # bit c: chunk c needs the exact arithmetic
     ws_next = _load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
         blks = first + chunk * NB
@@ -365,24 +441,22 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         word = rows64 * row_words + blks * WORDS
         # Read the next chunk before working on this one: its load latency hides behind this chunk's arithmetic.
         ws = ws_next
-        ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (blks + NB < NBLK) & (chunk + 1 < CHUNKS),
+        nxt = blks + NB
+        ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
                               WORDS, VEC)
         xs = _block_floats(ws, KIND)
-
-        # Step 2: block amax (NaN propagates); a 16x16 tile shares its max over the tile's rows.
+        # Step 2: block amax (NaN propagates).
         bamax = tl.abs(xs[0])
         for i in tl.static_range(1, 16):
             bamax = nan_max(bamax, tl.abs(xs[i]))
-        if TILE16:
-            bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
+        bamax = _tile_max(bamax, TILE16)
 
         if FOUR_SIX:
-            # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6). A chunk
-            # with any block outside the fast path's setting (the comment above _value_step), or whose choice the
-            # error bounds cannot settle, runs the exact arithmetic for all its blocks. With the decode, the fast
+            # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6), settled
+            # by the error bounds where they separate (the comment above _value_step). With the decode, the fast
             # path encodes the codes once, for the winner, together with its decode.
             fast = row_fast & (bamax <= BAMAX_MAX)  # not NaN either
-            # 16x16 computes its tile scales exactly (div_rn) up front: measured faster than recomputing them
+            # 16x16 computes its tile scales exactly (div_rn): measured faster than the division-free ones
             base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, TILE16, HW_RCP)
             g6 = _value_step(s6, amax, R6B)
             g4 = _value_step(s4, amax, R6B)
@@ -395,37 +469,17 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
             pick = tl.broadcast_to(high4 < low6, s6.shape)
             settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
-            slow = tl.max(tl.where(fast & settled, 0, 1)) != 0
-            if slow:
-                if TILE16:  # its scales are exact already: a tile's scale work is shared by 16 rows
-                    x6, x4, xinv6, xinv4 = s6, s4, inv6, inv4
-                else:  # the fast scales may differ outside the fast path's setting
-                    base6, base4, x6, x4, xinv6, xinv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, True,
-                                                                          HW_RCP)
-                lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, x6, xinv6, amax, six_b, KIND, True, MSE)
-                lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, x4, xinv4, amax, six_b, KIND, True, MSE)
-                if TILE16:
-                    pick = tl.broadcast_to(tree_sum16(err4) < tree_sum16(err6), s6.shape)
-                else:
-                    pick = err4 < err6
-                sf = e4m3_bits(tl.where(pick, base4, base6))
-                lo = tl.where(pick, lo4, lo6)
-                hi = tl.where(pick, hi4, hi6)
-                if WRITE_DEC:
-                    dec = ()
-                    for j in tl.static_range(8):
-                        dec = dec + (_decode_word(lo, hi, tl.where(pick, x4, x6), j), )
-            else:
-                # e4m3_byte is cheaper, but measured slower inside the 16x16 kernel (0.34 vs 0.24 ms on an H200)
-                sf = e4m3_bits(tl.where(pick, base4, base6)) if TILE16 else e4m3_byte(tl.where(pick, s4, s6))
-                if WRITE_DEC:
-                    lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), tl.where(pick, s4, s6))
-                else:
-                    lo, hi = tl.where(pick, lo4, lo6), tl.where(pick, hi4, hi6)
-                lo, hi = _with_signs(lo, hi, xs)
-            tl.store(map4_ptr + _block_index(rows64, blks, NBLK, TILE16), pick.to(tl.uint8), mask=ok)
+            deferred = deferred | (tl.max(tl.where(fast & settled, 0, 1)) << chunk)
+            # e4m3_byte is cheaper, but measured slower inside the 16x16 kernel (0.34 vs 0.24 ms on an H200)
+            sf = e4m3_bits(tl.where(pick, base4, base6)) if TILE16 else e4m3_byte(tl.where(pick, s4, s6))
+            dec = ()
             if WRITE_DEC:
-                _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
+                lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), tl.where(pick, s4, s6))
+            else:
+                lo, hi = tl.where(pick, lo4, lo6), tl.where(pick, hi4, hi6)
+            lo, hi = _with_signs(lo, hi, xs)
+            _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
+                         FOUR_SIX, TILE16, WRITE_DEC)
         else:
             # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error. Its
             # fast path only needs an input without NaN and a finite, non-negative amax.
@@ -440,13 +494,33 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE)
                 lo, hi = _with_signs(lo, hi, xs)
                 sf = e4m3_byte(s)
-        tl.store(scales_ptr + _block_index(rows64, blks, NBLK, TILE16), sf.to(tl.uint8), mask=ok)
-        _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+            _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, (),
+                         FOUR_SIX, TILE16, WRITE_DEC)
+
+    if FOUR_SIX:
+        if deferred != 0:  # the same threads rewrite the same blocks: no other thread touches them
+            for chunk in tl.range(CHUNKS):
+                if ((deferred >> chunk) & 1) != 0:
+                    blks = first + chunk * NB
+                    ok = (rows < R) & (blks < NBLK)
+                    pick, sf, lo, hi, dec = _four_six_exact(x_ptr, rows64 * row_words + blks * WORDS, ok, amax,
+                                                            s_enc, s_dec, six_b, KIND, MSE, TILE16, WRITE_DEC)
+                    _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
+                                 pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
 
 
 def _f32_reciprocal(value: float) -> float:
     """fl(1 / value) in FP32, as a Python float (a constexpr the kernel multiplies by)."""
     return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
+
+
+def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
+    """Chunks each program runs: the most, up to `most`, that split a row group's chunks evenly (no program
+    runs past the row's end) and still leave MIN_PROGRAMS programs to fill the GPU; 1 if none does."""
+    for chunks in range(most, 1, -1):
+        if chunk_cols % chunks == 0 and row_groups * (chunk_cols // chunks) >= MIN_PROGRAMS:
+            return chunks
+    return 1
 
 
 def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool):
@@ -457,19 +531,17 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    chunk_rows, chunk_blocks, chunks, warps = LAUNCH[block if four_six else "nvfp4"]
-    grid = (triton.cdiv(rows, chunk_rows), triton.cdiv(nblk, chunk_blocks * chunks))
+    chunk_rows, chunk_blocks, most_chunks, warps = LAUNCH[block if four_six else "nvfp4"]
+    row_groups, chunk_cols = triton.cdiv(rows, chunk_rows), triton.cdiv(nblk, chunk_blocks)
+    chunks = _chunks_per_program(chunk_cols, row_groups, most_chunks)
     if rows and nblk:
-        _quantize_kernel[grid](words, amax, codes.view(torch.int32), scales,
-                               scales if map4 is None else map4.view(torch.uint8),
-                               scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0),
-                               amax.dim(), KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
-                               MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound),
-                               WRITE_DEC=decode,
-                               VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, HW_RCP=x.is_cuda,
-                               BR=chunk_rows,
-                               NB=chunk_blocks, CHUNKS=chunks, num_warps=warps,
-                               **COMPILE_OPTIONS)
+        _quantize_kernel[(row_groups, chunk_cols // chunks)](
+            words, amax, codes.view(torch.int32), scales, scales if map4 is None else map4.view(torch.uint8),
+            scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0), amax.dim(), chunks,
+            KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16", MSE=err_mode == "mse",
+            SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
+            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, HW_RCP=x.is_cuda, BR=chunk_rows,
+            NB=chunk_blocks, num_warps=warps, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
