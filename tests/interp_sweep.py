@@ -40,6 +40,21 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH near ties", block, err_mode, bound, bad)
+    # Programs of several chunks, some of them redone exactly after the chunk loop: the near ties laid out in
+    # long rows (16x16: tiles side by side), with the floor on the number of programs lowered so that each
+    # program takes up to 8 chunks, as on a GPU-sized input.
+    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
+    for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
+        x, amax = near_tie_case(block, err_mode, bound, count=8)
+        x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
+        nblk = x.shape[1] // 16
+        assert kq._chunks_per_program(-(-nblk // kq.LAUNCH[block][1]), 1, kq.LAUNCH[block][2]) > 1
+        configs += 1
+        bad = compare(kq, x, amax, block, err_mode, bound)
+        if bad:
+            mismatches += 1
+            print("MISMATCH multi-chunk near ties", block, err_mode, bound, bad)
+    kq.MIN_PROGRAMS = floor
     # Rows that are 4- but not 16-byte aligned: the kernels' word-at-a-time path instead of vector accesses.
     for dtype, offset in ((torch.bfloat16, 2), (torch.float32, 1)):
         full = torch.randn(16, 64 + 2 * offset).to(dtype)
