@@ -456,7 +456,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             # by the error bounds where they separate (the comment above _value_step). With the decode, the fast
             # path encodes the codes once, for the winner, together with its decode.
             fast = row_fast & (bamax <= BAMAX_MAX)  # not NaN either
-            # 16x16 computes its tile scales exactly (div_rn): measured faster than the division-free ones
+            # 16x16 keeps div_rn for its tile scales (shared by 16 rows; the division-free ones are untried there)
             base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, TILE16, HW_RCP)
             g6 = _value_step(s6, amax, R6B)
             g4 = _value_step(s4, amax, R6B)
