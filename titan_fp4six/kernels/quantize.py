@@ -342,29 +342,6 @@ def _prefers_map4(err4, err6, TILE16: tl.constexpr):
 
 
 @triton.jit
-def _chunk_layout(row_group, BR: tl.constexpr, NB: tl.constexpr, TILE16: tl.constexpr):
-    """(rows, lanes) of a chunk of BR rows x NB blocks, one block per thread. 16x16 lays it out (blocks, rows),
-    so a tile's 16 rows sit in one warp and the tile reductions are warp shuffles; 1x16 and NVFP4 (rows,
-    blocks), so a warp reads one long run of a row."""
-    if TILE16:
-        rows = (row_group * BR + tl.arange(0, BR))[None, :]
-        lanes = tl.arange(0, NB)[:, None]
-    else:
-        rows = (row_group * BR + tl.arange(0, BR))[:, None]
-        lanes = tl.arange(0, NB)[None, :]
-    return rows, lanes
-
-
-@triton.jit
-def _global_scales(amax_ptr, rows, R, amax_stride, six_b):
-    """Step 1: (amax, S_enc, S_dec) per tensor (amax_stride 0) or per row (1); they broadcast over blocks."""
-    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
-    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
-    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    return amax, s_enc, _div(1.0, s_enc)
-
-
-@triton.jit
 def _tile_max(bamax, TILE16: tl.constexpr):
     """Step 2's block amax as the scale sees it: a 16x16 tile shares its max over the tile's rows."""
     if TILE16:
@@ -425,9 +402,19 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
     share one reciprocal seed."""
     six_b = SIX_B
-    rows, lanes = _chunk_layout(tl.program_id(0), BR, NB, TILE16)
+    if TILE16:  # (blocks, rows): a tile's 16 rows sit in one warp, so the tile reductions are warp shuffles
+        rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
+        lanes = tl.arange(0, NB)[:, None]
+    else:  # (rows, blocks): a warp reads one long run of a row
+        rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
+        lanes = tl.arange(0, NB)[None, :]
     rows64 = rows.to(tl.int64)
-    amax, s_enc, s_dec = _global_scales(amax_ptr, rows, R, amax_stride, six_b)
+
+    # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
+    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
+    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = _div(1.0, s_enc)
     neg_s_dec = (s_dec.to(tl.int32, bitcast=True) ^ SIGN_BIT).to(tl.float32, bitcast=True)
     row_fast = _amax_in_fast_range(amax)
 
