@@ -95,15 +95,16 @@ def e2m1_code(q):
 
 @triton.jit
 def e2m1_magic(a):
-    """For a in [0, 6] (never NaN): the FP32 M such that one add a + M rounds a onto the E2M1 grid exactly
-    like e2m1_code, with the code's magnitude in the sum's low 3 mantissa bits and (a + M) - M the value.
+    """For a in [0, 7) (never NaN): the FP32 M such that one add a + M rounds min(a, 6) onto the E2M1 grid
+    exactly like e2m1_code, with the code's magnitude in the sum's low 3 mantissa bits and (a + M) - M the value
+    (on (6, 7) the add rounds to 6, as the clamp would).
 
     Why: an FP32 add rounds a + 2^k to a multiple of 2^(k-23), ties to an even multiple. The E2M1 grid has
     spacing 0.5 on [0, 2), 1 on [2, 4), 2 on [4, 6] (k = 22, 23, 24), and its tie rule (0.25->0, 0.75->1,
     1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4) is exactly ties to an even multiple of the spacing. M is 2^k plus
     0, 2, 4 units of its last place: an even offset keeps every tie going the same way and lifts the
     mantissa from 2v, v, v/2 to the code 2v, v + 2, v/2 + 4. In bits, with e = max(exponent of a, 127):
-    M = e * (2^23 + 2) + (22 << 23) - 254. Checked against e2m1_code on every FP32 in [0, 6] (tests).
+    M = e * (2^23 + 2) + (22 << 23) - 254. Checked against e2m1_code on every FP32 in [0, 7) (tests).
     """
     e = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, 127)
     return (e * 8388610 + ((22 << 23) - 254)).to(tl.float32, bitcast=True)

@@ -109,16 +109,25 @@ def _word_to_f32(w, KIND: tl.constexpr, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _block_floats(ws, KIND: tl.constexpr):
-    """The 16 elements of each block as a tuple of FP32 (BR, NB) tensors, from its words (16-bit inputs:
-    element 2j in the low half of word j)."""
+def _block_magnitudes(ws, KIND: tl.constexpr):
+    """|x| of the 16 elements of each block as a tuple of FP32 (BR, NB) tensors, from its words (16-bit inputs:
+    element 2j in the low half of word j). The fast path works on magnitudes (|x * inv| = |x| * inv, one abs
+    per element for both candidates) and takes the signs from the words (_with_signs)."""
     xs = ()
     for j in tl.static_range(len(ws)):
         if KIND == 0:
-            xs = xs + (_word_to_f32(ws[j], KIND, False), )
+            xs = xs + (tl.abs(_word_to_f32(ws[j], KIND, False)), )
         else:
-            xs = xs + (_word_to_f32(ws[j], KIND, False), _word_to_f32(ws[j], KIND, True))
+            xs = xs + (tl.abs(_word_to_f32(ws[j], KIND, False)), tl.abs(_word_to_f32(ws[j], KIND, True)))
     return xs
+
+
+@triton.jit
+def _sign_bit(ws, i: tl.constexpr, KIND: tl.constexpr):
+    """The IEEE sign of element i of each block, in bit 31 of an int32, read off its word."""
+    if KIND == 0:
+        return ws[i] & SIGN_BIT
+    return (ws[i // 2] if i % 2 == 1 else ws[i // 2] << 16) & SIGN_BIT
 
 
 @triton.jit
@@ -205,43 +214,53 @@ def _amax_in_fast_range(amax):
 
 
 @triton.jit
-def _round_e2m1(x, inv):
-    """(y, magic) with y = a + magic, a = min(|x * inv|, 6): the code magnitude is bits(y) & 7, the value
-    y - magic. On the fast path inv is in (0, FLT_MAX] and x is never NaN, so q = x * inv is never NaN and
-    sign(q) = sign(x): this is the spec's code of q up to its sign bit."""
-    a = tl.minimum(tl.abs(x * inv), 6.0)
+def _round_e2m1(ax, inv, CLAMP: tl.constexpr):
+    """(y, magic) with y = a + magic, a = min(|x| * inv, 6) for a magnitude ax = |x|: the code magnitude is
+    bits(y) & 7, the value y - magic. On the fast path inv is in (0, FLT_MAX] and x is never NaN, so q = x * inv
+    is never NaN, |q| = |x| * inv and sign(q) = sign(x): this is the spec's code of q up to its sign bit.
+    Without CLAMP the caller has checked |x| * inv < 7 for the whole block, where e2m1_magic rounds (6, 7) to 6
+    like the clamp: the same y for one instruction less per element and candidate."""
+    a = ax * inv
+    if CLAMP:
+        a = tl.minimum(a, 6.0)
     magic = e2m1_magic(a)
     return a + magic, magic
 
 
 @triton.jit
-def _pack(lo, hi, y, i: tl.constexpr):
-    """Element i's code magnitude, the low 3 bits of y = bits(a + magic) from _round_e2m1, into the packed words
-    (elements 0-7 in lo, 8-15 in hi, element 2j in the low nibble). y's bits 3-22 are zero and its exponent
-    bits leave the word when shifted by 12 or more, so only nibbles 0-2 need a mask: one shift-add each."""
-    k: tl.constexpr = i % 8
-    term = ((y & 7) if k < 3 else y) << (4 * k)
-    if i < 8:
-        lo = lo + term
-    else:
-        hi = hi + term
-    return lo, hi
+def _pack(ys):
+    """The code magnitudes, the low 3 bits of each y = bits(a + magic) from _round_e2m1 (a tuple of 16 int32),
+    as two packed words (elements 0-7 in lo, 8-15 in hi, element 2j in the low nibble). y's bits 3-22 are zero
+    and its exponent bits leave the word when shifted by 16 or more, so each word adds the shifted y of its
+    nibbles 4-7 and, apart, those of nibbles 0-3, whose exponents only touch bits 23-31, cut by one mask: one
+    shift-add per element and one mask-or per word."""
+    words = ()
+    for w in tl.static_range(2):
+        low = ys[8 * w]
+        high = ys[8 * w + 4] << 16
+        for k in tl.static_range(1, 4):
+            low = low + (ys[8 * w + k] << (4 * k))
+            high = high + (ys[8 * w + 4 + k] << (16 + 4 * k))
+        words = words + ((low & 0xFFFF) | high, )
+    return words[0], words[1]
 
 
 @triton.jit
-def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr):
-    """One candidate on the fast path: exact code magnitudes packed into two int32 words (if PACK; the signs
-    come from _with_signs) and (if ERRORS) the error estimate e~ of the comment above."""
+def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl.constexpr, CLAMP: tl.constexpr):
+    """One candidate on the fast path, from the magnitudes xs: exact code magnitudes packed into two int32 words
+    (if PACK; the signs come from _with_signs) and (if ERRORS) the error estimate e~ of the comment above."""
     err = tl.zeros(inv.shape, tl.float32)
-    lo = tl.zeros(inv.shape, tl.int32)
-    hi = tl.zeros(inv.shape, tl.int32)
+    ys = ()
     for i in tl.static_range(16):
-        y, magic = _round_e2m1(xs[i], inv)
-        if PACK:
-            lo, hi = _pack(lo, hi, y.to(tl.int32, bitcast=True), i)
+        y, magic = _round_e2m1(xs[i], inv, CLAMP)
+        ys = ys + (y.to(tl.int32, bitcast=True), )
         if ERRORS:
-            d = tl.fma(y - magic, g, -tl.abs(xs[i]))
+            d = tl.fma(y - magic, g, -xs[i])
             err = tl.fma(d, d, err) if MSE else err + tl.abs(d)
+    if PACK:
+        lo, hi = _pack(ys)
+    else:
+        lo, hi = err.to(tl.int32, bitcast=True), err.to(tl.int32, bitcast=True)  # unused
     return lo, hi, err
 
 
@@ -253,31 +272,53 @@ def _error_bounds(e, g, MSE: tl.constexpr):
 
 
 @triton.jit
-def _fast_encode_decode(xs, inv, sf):
+def _fast_encode_decode(xs, ws, inv, sf, KIND: tl.constexpr):
     """The chosen candidate's code magnitudes (packed as in _fast_candidate) and its bf16 block-scaled decode
-    as 8 int32 words (elements 2j, 2j+1 in word j), for the fast path's blocks. e2m1 value * sf has at most 6
-    significant bits and lies in bf16's range, so its FP32 bits are exactly the bf16 bits followed by zeros;
-    the sign is x's (that of the code)."""
-    lo = tl.zeros(inv.shape, tl.int32)
-    hi = tl.zeros(inv.shape, tl.int32)
+    as 8 int32 words (elements 2j, 2j+1 in word j), for the fast path's blocks (magnitudes xs, words ws).
+    e2m1 value * sf has at most 6 significant bits and lies in bf16's range, so its FP32 bits are exactly the
+    bf16 bits followed by zeros; the sign is x's (that of the code)."""
+    ys = ()
     dec = ()
     low_half = tl.zeros(inv.shape, tl.int32)
     for i in tl.static_range(16):
-        y, magic = _round_e2m1(xs[i], inv)
-        lo, hi = _pack(lo, hi, y.to(tl.int32, bitcast=True), i)
-        value = ((y - magic) * sf).to(tl.int32, bitcast=True) | (xs[i].to(tl.int32, bitcast=True) & SIGN_BIT)
+        y, magic = _round_e2m1(xs[i], inv, False)
+        ys = ys + (y.to(tl.int32, bitcast=True), )
+        value = ((y - magic) * sf).to(tl.int32, bitcast=True) | _sign_bit(ws, i, KIND)
         if i % 2 == 0:
             low_half = (value >> 16) & 0xFFFF
         else:
             dec = dec + ((value & -65536) | low_half, )
+    lo, hi = _pack(ys)
     return lo, hi, dec
 
 
 @triton.jit
-def _with_signs(lo, hi, xs):
-    """Packed code magnitudes with bit 3 of each code set to the IEEE sign of x (that of q, since inv > 0)."""
+def _prmt(a, b, SELECT: tl.constexpr):
+    """PTX prmt.b32: byte k of the result is byte SELECT[k] of the 8 bytes {b, a} (a holds bytes 0-3); a select
+    nibble with bit 3 set gives 0xFF or 0x00 by the sign bit of that byte instead."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, " + SELECT + ";", "=r,r,r", [a, b], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _word_signs(w0, w1, w2, w3):
+    """Bit 3 of each nibble set to the sign of the element a 16-bit input holds there: the sign bits of the
+    four words' halves (bytes 1 and 3) gathered by byte permutes into the packed codes' layout."""
+    even_odd01 = _prmt(w0, w1, "0x7351")  # the sign bytes of elements 0, 2, 1, 3
+    even_odd23 = _prmt(w2, w3, "0x7351")  # and of elements 4, 6, 5, 7
+    even = _prmt(even_odd01, even_odd23, "0xDC98")  # byte j: 0xFF if element 2j is negative
+    odd = _prmt(even_odd01, even_odd23, "0x7632")  # byte j: bit 7 is the sign of element 2j + 1
+    return (even & 0x08080808) | (odd & -2139062144)  # 0x80808080
+
+
+@triton.jit
+def _with_signs(lo, hi, ws, KIND: tl.constexpr, PTX: tl.constexpr):
+    """Packed code magnitudes with bit 3 of each code set to the IEEE sign of x (that of q, since inv > 0). On a
+    GPU with 16-bit input, 12 byte-permute and mask instructions for the 16 signs instead of 32 shifts and ors."""
+    if PTX and KIND != 0:
+        return lo | _word_signs(ws[0], ws[1], ws[2], ws[3]), hi | _word_signs(ws[4], ws[5], ws[6], ws[7])
     for i in tl.static_range(16):
-        sign = (xs[i].to(tl.int32, bitcast=True) & SIGN_BIT).to(tl.uint32, bitcast=True) >> (28 - 4 * (i % 8))
+        sign = _sign_bit(ws, i, KIND).to(tl.uint32, bitcast=True) >> (28 - 4 * (i % 8))
         if i < 8:
             lo = lo | sign.to(tl.int32, bitcast=True)
         else:
@@ -306,17 +347,17 @@ def _newton_inverse_scale(sf, s_dec, neg_s_dec):
 
 
 @triton.jit
-def _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, EXACT: tl.constexpr, HW_RCP: tl.constexpr):
+def _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, EXACT: tl.constexpr, PTX: tl.constexpr):
     """Spec step 3 for both candidates: (base6, base4, s6, s4, inv6, inv4), the E4M3 scales' inputs, their
     values and the inverse scales. EXACT divides with div_rn (any input). Otherwise bamax / 6 takes div6, equal
-    wherever the scale can differ from 0 on the fast path (bamax <= 2^56, S_enc < 2^91), and with HW_RCP (a
+    wherever the scale can differ from 0 on the fast path (bamax <= 2^56, S_enc < 2^91), and with PTX (a
     GPU: the interpreter cannot run PTX) the inverse scales take _newton_inverse_scale."""
     base = (_div_by(bamax, 6.0) if EXACT else div6(bamax)) * s_enc
     base6 = clamp_max(base, 448.0)
     base4 = clamp_max(base * 1.5, 448.0)
     s6 = e4m3_round(base6)
     s4 = e4m3_round(base4)
-    if HW_RCP and not EXACT:
+    if PTX and not EXACT:
         return base6, base4, s6, s4, _newton_inverse_scale(s6, s_dec, neg_s_dec), _newton_inverse_scale(
             s4, s_dec, neg_s_dec)
     return base6, base4, s6, s4, _inverse_scale(s6, s_dec), _inverse_scale(s4, s_dec)
@@ -387,7 +428,7 @@ def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constex
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      CHUNKS, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
-                     HW_RCP: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+                     PTX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -431,24 +472,27 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         nxt = blks + NB
         ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
                               WORDS, VEC)
-        xs = _block_floats(ws, KIND)
+        xs = _block_magnitudes(ws, KIND)
         # Step 2: block amax (NaN propagates).
-        bamax = tl.abs(xs[0])
+        bamax = xs[0]
         for i in tl.static_range(1, 16):
-            bamax = nan_max(bamax, tl.abs(xs[i]))
+            bamax = nan_max(bamax, xs[i])
         bamax = _tile_max(bamax, TILE16)
 
         if FOUR_SIX:
             # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6), settled
             # by the error bounds where they separate (the comment above _value_step). With the decode, the fast
             # path encodes the codes once, for the winner, together with its decode.
-            fast = row_fast & (bamax <= BAMAX_MAX)  # not NaN either
             # 16x16 keeps div_rn for its tile scales (shared by 16 rows; the division-free ones are untried there)
-            base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, TILE16, HW_RCP)
+            base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, TILE16, PTX)
+            # The setting (not NaN either), and |x| * inv < 7 so the rounding needs no clamp (_round_e2m1): a
+            # normal E4M3 scale keeps it below 6.4; subnormal ones (bamax / amax below ~2^-15) are deferred.
+            # s4 >= s6 (rounding is monotone), so inv4 <= inv6 and checking map-to-6 covers map-to-4.
+            fast = row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0)
             g6 = _value_step(s6, amax, R6B)
             g4 = _value_step(s4, amax, R6B)
-            lo6, hi6, e6 = _fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE)
-            lo4, hi4, e4 = _fast_candidate(xs, inv4, g4, not WRITE_DEC, True, MSE)
+            lo6, hi6, e6 = _fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE, False)
+            lo4, hi4, e4 = _fast_candidate(xs, inv4, g4, not WRITE_DEC, True, MSE, False)
             low6, high6 = _error_bounds(e6, g6, MSE)
             low4, high4 = _error_bounds(e4, g4, MSE)
             if TILE16:
@@ -461,10 +505,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             sf = e4m3_bits(tl.where(pick, base4, base6)) if TILE16 else e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
             if WRITE_DEC:
-                lo, hi, dec = _fast_encode_decode(xs, tl.where(pick, inv4, inv6), tl.where(pick, s4, s6))
+                lo, hi, dec = _fast_encode_decode(xs, ws, tl.where(pick, inv4, inv6), tl.where(pick, s4, s6), KIND)
             else:
                 lo, hi = tl.where(pick, lo4, lo6), tl.where(pick, hi4, hi6)
-            lo, hi = _with_signs(lo, hi, xs)
+            lo, hi = _with_signs(lo, hi, ws, KIND, PTX)
             _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
                          FOUR_SIX, TILE16, WRITE_DEC)
         else:
@@ -478,8 +522,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
                 sf = e4m3_bits(scaled)
             else:
-                lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE)
-                lo, hi = _with_signs(lo, hi, xs)
+                lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE, True)
+                lo, hi = _with_signs(lo, hi, ws, KIND, PTX)
                 sf = e4m3_byte(s)
             _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, (),
                          FOUR_SIX, TILE16, WRITE_DEC)
@@ -527,7 +571,7 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
             scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0), amax.dim(), chunks,
             KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16", MSE=err_mode == "mse",
             SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
-            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, HW_RCP=x.is_cuda, BR=chunk_rows,
+            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda, BR=chunk_rows,
             NB=chunk_blocks, num_warps=warps, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
