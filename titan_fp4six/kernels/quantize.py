@@ -424,6 +424,12 @@ def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constex
     return pick, e4m3_bits(tl.where(pick, base4, base6)), lo, hi, dec
 
 
+@triton.jit
+def _bit_or(a, b):
+    """Combine function of a bitwise-or reduction."""
+    return a | b
+
+
 @triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride", "CHUNKS"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      CHUNKS, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
@@ -461,7 +467,9 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
 
     WORDS: tl.constexpr = 16 if KIND == 0 else 8
     first = tl.program_id(1) * CHUNKS * NB + lanes
-    deferred = 0  # bit c: chunk c needs the exact arithmetic
+    # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
+    # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
+    deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
     ws_next = _load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
         blks = first + chunk * NB
@@ -483,8 +491,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             # Steps 3-7: both candidates; strict err4 < err6 picks map-to-4 (ties and NaN keep map-to-6), settled
             # by the error bounds where they separate (the comment above _value_step). With the decode, the fast
             # path encodes the codes once, for the winner, together with its decode.
-            # 16x16 keeps div_rn for its tile scales (shared by 16 rows; the division-free ones are untried there)
-            base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, TILE16, PTX)
+            base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, neg_s_dec, False, PTX)
             # The setting (not NaN either), and |x| * inv < 7 so the rounding needs no clamp (_round_e2m1): a
             # normal E4M3 scale keeps it below 6.4; subnormal ones (bamax / amax below ~2^-15) are deferred.
             # s4 >= s6 (rounding is monotone), so inv4 <= inv6 and checking map-to-6 covers map-to-4.
@@ -500,9 +507,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
             pick = tl.broadcast_to(high4 < low6, s6.shape)
             settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
-            deferred = deferred | (tl.max(tl.where(fast & settled, 0, 1)) << chunk)
-            # e4m3_byte is cheaper, but measured slower inside the 16x16 kernel (0.34 vs 0.24 ms on an H200)
-            sf = e4m3_bits(tl.where(pick, base4, base6)) if TILE16 else e4m3_byte(tl.where(pick, s4, s6))
+            deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
+            sf = e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
             if WRITE_DEC:
                 lo, hi, dec = _fast_encode_decode(xs, ws, tl.where(pick, inv4, inv6), tl.where(pick, s4, s6), KIND)
@@ -529,6 +535,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                          FOUR_SIX, TILE16, WRITE_DEC)
 
     if FOUR_SIX:
+        deferred = tl.reduce(deferred, None, _bit_or)
         if deferred != 0:  # the same threads rewrite the same blocks: no other thread touches them
             for chunk in tl.range(CHUNKS):
                 if ((deferred >> chunk) & 1) != 0:
