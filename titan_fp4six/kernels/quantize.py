@@ -267,7 +267,8 @@ def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: t
 @triton.jit
 def _error_bounds(e, g, MSE: tl.constexpr):
     """[lo, hi] enclosing the spec's exact error of a fast-path block from its estimate e (comment above)."""
-    c = tl.fma(g, g * 7.62939453125e-06, TAU) if MSE else tl.fma(g, 6.103515625e-05, TAU)  # 2^-17 g^2, 2^-14 g
+    tau = tl.full(g.shape, TAU, tl.float32)  # a bare 2^-140 (an FP32 subnormal) would make Triton 3.6 work in FP64
+    c = tl.fma(g, g * 7.62939453125e-06, tau) if MSE else tl.fma(g, 6.103515625e-05, tau)  # 2^-17 g^2, 2^-14 g
     return tl.fma(e, BOUND_DOWN, -c), tl.fma(e, BOUND_UP, c)
 
 
