@@ -2,7 +2,8 @@
 on the CPU, its PTX never contracts a*b + c into an FMA (enable_fp_fusion=False; the only FMAs are the explicit
 ones of the four-over-six error estimate and its bounds, and of the division-free roundings div6 and
 _newton_inverse_scale, each proven or checked on every input) and every FP32 division is the correctly
-rounded div.rn, never Triton's default approximate division."""
+rounded div.rn, never Triton's default approximate division; and it is FP32 throughout (an FP32 subnormal
+constant once made Triton 3.6 compute the error bounds in FP64, with slow conversions)."""
 
 import re
 
@@ -50,3 +51,9 @@ def test_no_contracted_fma():
     assert _fmas(_ptx(enable_fp_fusion=False, four_six=True)) == explicit
     assert _fmas(_ptx(enable_fp_fusion=False, four_six=False)) == 0
     assert _fmas(_ptx(enable_fp_fusion=True, four_six=True)) > explicit
+
+
+def test_fp32_only():
+    """No FP64 arithmetic or conversions: every constant the kernel combines with FP32 values stays FP32."""
+    for four_six in (True, False):
+        assert not re.search(r"\.f64\b", _ptx(enable_fp_fusion=False, four_six=four_six))
