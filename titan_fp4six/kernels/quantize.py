@@ -19,8 +19,10 @@ from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2
 
 # Launch shape per kernel: (rows, blocks) per chunk with one block per thread, most chunks per program, warps.
 # 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
-# scales); 16x16: a warp covers 2 tiles' 16 rows. One-warp programs settle the fast-path check with warp shuffles
-# alone; the fastest of the shapes tried on an H200 (docs/kernels.md).
+# scales). 16x16: a program covers 4 blocks of 16 rows; Triton 3.6 lays each warp over 4 blocks x 8 rows (whole
+# 32-byte sectors of codes), so the tile reductions cross the two warps through shared memory. A one-warp
+# program (2 blocks x 16 rows, shuffles only) writes half sectors and measured 1.6x slower. The fastest of the
+# shapes tried on an H200 (docs/kernels.md).
 LAUNCH = {"1x16": (1, 32, 8, 1), "16x16": (16, 4, 8, 2), "nvfp4": (1, 32, 8, 1)}
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
@@ -450,7 +452,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
     share one reciprocal seed."""
     six_b = SIX_B
-    if TILE16:  # (blocks, rows): a tile's 16 rows sit in one warp, so the tile reductions are warp shuffles
+    if TILE16:  # (blocks, rows): the tile reductions run along axis 1
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
         lanes = tl.arange(0, NB)[:, None]
     else:  # (rows, blocks): a warp reads one long run of a row
