@@ -1,7 +1,8 @@
 """Every FP32 input of the kernels' scalar shortcuts, checked against the reference: e2m1_magic on [0, 7) (the
 fast path rounds values up to 7 without clamping them to 6), e4m3_round and e4m3_byte on [0, 448], div6 on
-every finite non-negative FP32, and (GPU only) the Newton inverse scale on its range. Shared by the GPU test (every value) and the interpreter run (a stride, plus one
-whole binade for div6, whose result scales with the input)."""
+every finite non-negative FP32, and (GPU only) the Newton inverse scale on its range. Shared by the GPU test
+(every value) and the interpreter run (a stride, plus one whole binade for div6, whose result scales with the
+input)."""
 
 import torch
 import triton

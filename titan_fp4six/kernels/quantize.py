@@ -259,10 +259,10 @@ def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: t
         if ERRORS:
             d = tl.fma(y - magic, g, -xs[i])
             err = tl.fma(d, d, err) if MSE else err + tl.abs(d)
+    lo = tl.zeros(inv.shape, tl.int32)
+    hi = tl.zeros(inv.shape, tl.int32)
     if PACK:
         lo, hi = _pack(ys)
-    else:
-        lo, hi = err.to(tl.int32, bitcast=True), err.to(tl.int32, bitcast=True)  # unused
     return lo, hi, err
 
 
