@@ -168,7 +168,9 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
 # Setting: amax A = 0 or 2^-79 <= A <= 2^58 (one check per row), a block without NaN and bamax <= 2^56. A
 # candidate's scale s is an E4M3 value, 0 or in [2^-9, 448], so with 6B in {1536, 2688} the step
 # g = fl(fl(s * A) * fl(1/6B)) is 0 (s = 0 or A = 0: every val is then +-0) or in [2^-100, 2^56].
-# Codes are exact (same inv, same q, e2m1_magic is the spec's rounding). Let u = 2^-24, D_i = val_i - |x_i|
+# Codes are exact: same inv, same q, and e2m1_magic is the spec's rounding; unclamped, because the fast path
+# also asks fl(bamax * inv6) < 7, so every |q| < 7 for both candidates (inv4 <= inv6, rounding is monotone),
+# where it rounds (6, 7) to 6 as the clamp would. Let u = 2^-24, D_i = val_i - |x_i|
 # (val_i the spec's value, |val_i - x_i| = |D_i| since val_i has x_i's sign), S = sum D_i^2, T = sum |D_i|.
 # Every rounding below is off by at most u times its result or, in FP32's subnormal range, by 2^-150.
 # (1) val_i = fl(fl(v_i s A) / 6B) (v_i s is exact) is V_i = v_i s A / 6B times two (1 +- u) factors and g v_i
