@@ -1,6 +1,6 @@
 """Compile every quantizer kernel variant (input dtype x 1x16/16x16 x mae/mse x B x decode, and standard
-NVFP4) in parallel processes, filling Triton's on-disk cache so tests and benchmarks start without
-compiling ~50 large unrolled kernels one after another.
+NVFP4; each with one amax per tensor and with one per row) in parallel processes, filling Triton's on-disk
+cache so tests and benchmarks start without compiling ~75 large unrolled kernels one after another.
 
     python scripts/warm_quantize_kernels.py [--jobs 16]
 """
@@ -9,9 +9,10 @@ import argparse
 import itertools
 from concurrent.futures import ProcessPoolExecutor
 
-VARIANTS = [(dtype, *knobs) for dtype in ("bfloat16", "float16", "float32")
+DTYPES = ("bfloat16", "float16", "float32")
+VARIANTS = [(dtype, *knobs, row_amax) for dtype in DTYPES for row_amax in (False, True)
             for knobs in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448), (False, True))]
-VARIANTS += [(dtype, "nvfp4", None, 448, False) for dtype in ("bfloat16", "float16", "float32")]
+VARIANTS += [(dtype, "nvfp4", None, 448, False, row_amax) for dtype in DTYPES for row_amax in (False, True)]
 
 
 def _compile(variant) -> str:
@@ -19,9 +20,9 @@ def _compile(variant) -> str:
 
     from titan_fp4six.kernels import quantize as kq
 
-    dtype, block, err_mode, bound, decode = variant
+    dtype, block, err_mode, bound, decode, row_amax = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
-    amax = torch.ones((), device="cuda")
+    amax = torch.ones(16 if row_amax else (), device="cuda")
     if block == "nvfp4":
         kq.nvfp4_quantize(x, amax)
     elif decode:

@@ -17,13 +17,21 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
 
-# Launch shape per kernel: (rows, blocks) per chunk with one block per thread, most chunks per program, warps.
-# 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
-# scales). 16x16: a program covers 4 blocks of 16 rows; Triton 3.6 lays each warp over 4 blocks x 8 rows (whole
-# 32-byte sectors of codes), so the tile reductions cross the two warps through shared memory. A one-warp
-# program (2 blocks x 16 rows, shuffles only) writes half sectors and measured 1.6x slower. The fastest of the
-# shapes tried on an H200 (docs/kernels.md).
-LAUNCH = {"1x16": (1, 32, 8, 1), "16x16": (16, 4, 8, 2), "nvfp4": (1, 32, 8, 1)}
+# Launch shape per (kernel, decode): (rows, blocks) per chunk, most chunks per program, warps, register cap
+# (None: the compiler's choice). 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16
+# input, whole sectors of codes and scales), one block per thread. 16x16: a program covers 4 blocks of 16 rows
+# (whole 32-byte sectors of codes). The quantizer runs it in one warp, each thread holding rows r and r + 8 of
+# a block column, so every tile reduction is a register add and shuffles; capped at 96 registers (with one
+# amax per row the compiler takes ~101) for 21 resident warps. The fused kernel needs more registers per block and runs it in
+# two warps of 4 blocks x 8 rows, whose tile reductions cross the warps through shared memory. The fastest of
+# the shapes and caps tried on an H200 (docs/kernels.md).
+LAUNCH = {
+    ("1x16", False): (1, 32, 8, 1, None),
+    ("1x16", True): (1, 32, 8, 1, None),
+    ("16x16", False): (16, 4, 8, 1, 96),
+    ("16x16", True): (16, 4, 8, 2, None),
+    ("nvfp4", False): (1, 32, 8, 1, None),
+}
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -175,7 +183,8 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
 # Every rounding below is off by at most u times its result or, in FP32's subnormal range, by 2^-150.
 # (1) val_i = fl(fl(v_i s A) / 6B) (v_i s is exact) is V_i = v_i s A / 6B times two (1 +- u) factors and g v_i
 #     is V_i times three, V_i <= 6 s A / 6B <= 6 g / (1 - u)^3, all normal: |val_i - v_i g| <= eta = 30.01 u g.
-# (2) The estimate: d~_i = fma(v_i, g, -|x_i|) = P_i (1 + b_i), P_i = D_i + e_i, |e_i| <= eta, |b_i| <= u,
+# (2) The estimate: d~_i = fma(v_i, g, -|x_i|) = P_i (1 + b_i), P_i = D_i + e_i, |e_i| <= eta, |b_i| <= u
+#     (the code takes fma(magic - y, g, |x_i|) = -d~_i: magic - y = -v_i exactly and rounding is symmetric),
 #     summed with fma (mse: e~ = sum d~_i^2, two roundings in each square, up to 16 in the sum) or add (mae:
 #     e~ = sum |d~_i|): e~ = sum P_i^2 times 1 +- 18.001u, or sum |P_i| times 1 +- 17.001u.
 # (3) The exact error: err = S times 1 +- 18.001u (rounded difference, square, 15 rounded adds), or T times
@@ -259,7 +268,7 @@ def _fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: t
         y, magic = _round_e2m1(xs[i], inv, CLAMP)
         ys = ys + (y.to(tl.int32, bitcast=True), )
         if ERRORS:
-            d = tl.fma(y - magic, g, -xs[i])
+            d = tl.fma(magic - y, g, xs[i])  # -(v g - |x|): no negated |x| to compute
             err = tl.fma(d, d, err) if MSE else err + tl.abs(d)
     lo = tl.zeros(inv.shape, tl.int32)
     hi = tl.zeros(inv.shape, tl.int32)
@@ -389,9 +398,10 @@ def _prefers_map4(err4, err6, TILE16: tl.constexpr):
 
 @triton.jit
 def _tile_max(bamax, TILE16: tl.constexpr):
-    """Step 2's block amax as the scale sees it: a 16x16 tile shares its max over the tile's rows."""
+    """Step 2's block amax as the scale sees it: a 16x16 tile shares its max over the tile's rows, one value per
+    block column that broadcasts over them."""
     if TILE16:
-        bamax = tl.broadcast_to(tl.reduce(bamax, 1, nan_max, keep_dims=True), bamax.shape)
+        bamax = tl.reduce(bamax, 1, nan_max, keep_dims=True)
     return bamax
 
 
@@ -416,7 +426,8 @@ def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constex
     bamax = tl.abs(_load_element(x_ptr, word, 0, ok, KIND))
     for i in tl.range(1, 16, loop_unroll_factor=1):
         bamax = nan_max(bamax, tl.abs(_load_element(x_ptr, word, i, ok, KIND)))
-    base6, base4, s6, s4, inv6, inv4 = _candidate_scales(_tile_max(bamax, TILE16), s_enc, s_dec, s_dec, True, False)
+    bamax = tl.broadcast_to(_tile_max(bamax, TILE16), bamax.shape)  # the exact candidates work per block
+    base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, s_dec, True, False)
     lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
     lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
     pick = _prefers_map4(err4, err6, TILE16)
@@ -439,7 +450,7 @@ def _bit_or(a, b):
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
                      CHUNKS, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
-                     PTX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+                     PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -451,8 +462,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
 
     The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
     divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
-    kernel serves every shape and both amax modes. SIX_B = 6B stays a constant: the divisions by it then
-    share one reciprocal seed."""
+    kernel serves every shape and both amax modes; except 16x16 with one amax per tensor, which reads it as a
+    scalar (SCALAR_AMAX): a tile column's scales are then computed once per thread, not once for each row it
+    holds (0.168 -> 0.151 ms on an H200; 1x16 gains nothing from it and measured 2% slower). SIX_B = 6B stays
+    a constant: the divisions by it then share one reciprocal seed."""
     six_b = SIX_B
     if TILE16:  # (blocks, rows): the tile reductions run along axis 1
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
@@ -463,12 +476,16 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     rows64 = rows.to(tl.int64)
 
     # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
-    amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
+    if SCALAR_AMAX:
+        amax = tl.load(amax_ptr)
+    else:
+        amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
     s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = _div(1.0, s_enc)
     neg_s_dec = (s_dec.to(tl.int32, bitcast=True) ^ SIGN_BIT).to(tl.float32, bitcast=True)
-    row_fast = _amax_in_fast_range(amax)
+    # A tensor even from a scalar amax: Triton's interpreter cannot combine a scalar bool with a tensor.
+    row_fast = _amax_in_fast_range(tl.broadcast_to(amax, rows.shape))
 
     WORDS: tl.constexpr = 16 if KIND == 0 else 8
     first = tl.program_id(1) * CHUNKS * NB + lanes
@@ -510,7 +527,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             if TILE16:
                 low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
-            pick = tl.broadcast_to(high4 < low6, s6.shape)
+            pick = tl.broadcast_to(high4 < low6, ok.shape)
             settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
             deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
             sf = e4m3_byte(tl.where(pick, s4, s6))
@@ -574,7 +591,7 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    chunk_rows, chunk_blocks, most_chunks, warps = LAUNCH[block if four_six else "nvfp4"]
+    chunk_rows, chunk_blocks, most_chunks, warps, max_registers = LAUNCH[block if four_six else "nvfp4", decode]
     row_groups, chunk_cols = triton.cdiv(rows, chunk_rows), triton.cdiv(nblk, chunk_blocks)
     chunks = _chunks_per_program(chunk_cols, row_groups, most_chunks)
     if rows and nblk:
@@ -583,8 +600,9 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
             scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0), amax.dim(), chunks,
             KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16", MSE=err_mode == "mse",
             SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
-            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda, BR=chunk_rows,
-            NB=chunk_blocks, num_warps=warps, **COMPILE_OPTIONS)
+            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
+            SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=chunk_rows, NB=chunk_blocks,
+            num_warps=warps, maxnreg=max_registers, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
