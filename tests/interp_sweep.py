@@ -48,7 +48,8 @@ def main() -> int:
         x, amax = near_tie_case(block, err_mode, bound, count=8)
         x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
         nblk = x.shape[1] // 16
-        assert kq._chunks_per_program(-(-nblk // kq.LAUNCH[block, False][1]), 1, kq.LAUNCH[block, False][2]) > 1
+        launch = kq.LAUNCH[block, False]
+        assert kq._chunks_per_program(-(-nblk // launch.blocks), 1, launch.most_chunks) > 1
         configs += 1
         bad = compare(kq, x, amax, block, err_mode, bound)
         if bad:

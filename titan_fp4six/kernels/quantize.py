@@ -10,6 +10,8 @@ FMA); every division is tl.math.div_rn except two the fast path replaces by exac
 _newton_inverse_scale). Launchers take validated arguments; numerics.quantize dispatches here.
 docs/kernels.md has the design, the validation and the H200 speed.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -17,20 +19,30 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
 
-# Launch shape per (kernel, decode): (rows, blocks) per chunk, most chunks per program, warps, register cap
-# (None: the compiler's choice). 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16
-# input, whole sectors of codes and scales), one block per thread. 16x16: a program covers 4 blocks of 16 rows
-# (whole 32-byte sectors of codes). The quantizer runs it in one warp, each thread holding rows r and r + 8 of
-# a block column, so every tile reduction is a register add and shuffles; capped at 96 registers (with one
-# amax per row the compiler takes ~101) for 21 resident warps. The fused kernel needs more registers per block and runs it in
-# two warps of 4 blocks x 8 rows, whose tile reductions cross the warps through shared memory. The fastest of
-# the shapes and caps tried on an H200 (docs/kernels.md).
+
+class Launch(NamedTuple):
+    """How a kernel variant is launched: a chunk of rows x blocks (one block per thread), at most most_chunks
+    chunks per program, warps per program and a register cap (None: the compiler's choice)."""
+    rows: int
+    blocks: int
+    most_chunks: int
+    warps: int
+    max_registers: int | None = None
+
+
+# Launch per (kernel, decode). 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input,
+# whole sectors of codes and scales), one block per thread. 16x16: a program covers 4 blocks of 16 rows (whole
+# 32-byte sectors of codes). The quantizer runs it in one warp, each thread holding rows r and r + 8 of a block
+# column, so every tile reduction is a register add and shuffles; capped at 96 registers (with one amax per row
+# the compiler takes ~101) for 21 resident warps. The fused kernel needs more registers per block and runs it in
+# two warps of 4 blocks x 8 rows, whose tile reductions cross the warps through shared memory. The fastest of the
+# shapes and caps tried on an H200 (docs/kernels.md).
 LAUNCH = {
-    ("1x16", False): (1, 32, 8, 1, None),
-    ("1x16", True): (1, 32, 8, 1, None),
-    ("16x16", False): (16, 4, 8, 1, 96),
-    ("16x16", True): (16, 4, 8, 2, None),
-    ("nvfp4", False): (1, 32, 8, 1, None),
+    ("1x16", False): Launch(1, 32, 8, 1),
+    ("1x16", True): Launch(1, 32, 8, 1),
+    ("16x16", False): Launch(16, 4, 8, 1, max_registers=96),
+    ("16x16", True): Launch(16, 4, 8, 2),
+    ("nvfp4", False): Launch(1, 32, 8, 1),
 }
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
@@ -591,9 +603,9 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    chunk_rows, chunk_blocks, most_chunks, warps, max_registers = LAUNCH[block if four_six else "nvfp4", decode]
-    row_groups, chunk_cols = triton.cdiv(rows, chunk_rows), triton.cdiv(nblk, chunk_blocks)
-    chunks = _chunks_per_program(chunk_cols, row_groups, most_chunks)
+    launch = LAUNCH[block if four_six else "nvfp4", decode]
+    row_groups, chunk_cols = triton.cdiv(rows, launch.rows), triton.cdiv(nblk, launch.blocks)
+    chunks = _chunks_per_program(chunk_cols, row_groups, launch.most_chunks)
     if rows and nblk:
         _quantize_kernel[(row_groups, chunk_cols // chunks)](
             words, amax, codes.view(torch.int32), scales, scales if map4 is None else map4.view(torch.uint8),
@@ -601,8 +613,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
             KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16", MSE=err_mode == "mse",
             SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
             VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
-            SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=chunk_rows, NB=chunk_blocks,
-            num_warps=warps, maxnreg=max_registers, **COMPILE_OPTIONS)
+            SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
+            num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
