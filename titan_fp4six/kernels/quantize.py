@@ -95,13 +95,21 @@ def _load_words(ptr, word, mask, N: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def _store_words(ptr, word, ws, mask, VEC: tl.constexpr):
+def _store_words(ptr, word, ws, mask, VEC: tl.constexpr, WHOLE_SECTORS: tl.constexpr = False):
     """Store a tuple of 2 or 8 int32 (BR, NB) tensors at consecutive words from `word` (aligned to 8 or 16 bytes
-    when VEC): one 8- or 16-byte store per thread and group instead of one per word."""
+    when VEC): one 8- or 16-byte store per thread and group instead of one per word. Eight words stored as two
+    16-byte groups write half of each 32-byte sector per store instruction; WHOLE_SECTORS stores them as one
+    32-byte run, which Triton lays over two threads per block (a layout change through shared memory, or
+    shuffles within one warp) so each instruction writes whole sectors."""
     if VEC:
         if len(ws) == 2:
             offs = _aligned_run(word, 2)
             tl.store(ptr + offs, tl.join(ws[0], ws[1]), mask=mask[:, :, None])
+        elif WHOLE_SECTORS:  # word 4a + 2b + c at index [a, b, c] of the joins, flattened in that order
+            run = tl.join(tl.join(tl.join(ws[0], ws[4]), tl.join(ws[2], ws[6])),
+                          tl.join(tl.join(ws[1], ws[5]), tl.join(ws[3], ws[7])))
+            offs = _aligned_run(word, 8)
+            tl.store(ptr + offs, tl.reshape(run, [run.shape[0], run.shape[1], 8]), mask=mask[:, :, None])
         else:
             for k in tl.static_range(len(ws) // 4):
                 quad = tl.join(tl.join(ws[4 * k], ws[4 * k + 2]), tl.join(ws[4 * k + 1], ws[4 * k + 3]))
@@ -424,8 +432,8 @@ def _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, o
     index = _block_index(rows64, blks, NBLK, TILE16)
     if FOUR_SIX:
         tl.store(map4_ptr + index, pick.to(tl.uint8), mask=ok)
-    if WRITE_DEC:
-        _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True)
+    if WRITE_DEC:  # whole sectors for 16x16 (0.237 -> 0.230 ms on an H200), not for 1x16 (0.176 -> 0.188 ms)
+        _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True, TILE16)
     tl.store(scales_ptr + index, sf.to(tl.uint8), mask=ok)
     _store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
 
