@@ -98,7 +98,7 @@ def main():
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, GEMM backend: "
           f"{'Blackwell NVFP4' if blackwell.available(device) else 'emulated (bf16 decode, FP32 accumulation)'}, "
-          f"bf16 decode for emulation {decode_on(device)}; fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
+          f"bf16 decode for emulation {decode_on(device, 'auto')}; fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
     print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
 
     for label, m, k, n in QUICK_DENSE if args.quick else DENSE:

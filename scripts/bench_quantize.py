@@ -17,7 +17,7 @@ import argparse
 import torch
 import triton
 
-from titan_fp4six import numerics
+from titan_fp4six import dispatch as numerics
 from titan_fp4six.kernels import amax as kamax
 from titan_fp4six.kernels import quantize as kq
 from titan_fp4six.numerics import reference

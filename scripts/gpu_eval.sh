@@ -38,7 +38,7 @@ wait
 
 python3 scripts/throughput.py --out "$RESULTS/throughput" --steps 20 --warmup 8 --budget "$TP_BUDGET" \
   --run "bf16=${QW}_bf16.toml" --run "4/6 experts=${QW}_nvfp4_four_over_six.toml" \
-  -- --model.flavor 30B-A3B-4layers --training.local_batch_size 4 --training.seq_len 2048 \
+  -- --model.flavor 30B-A3B-4layers --experimental.custom_import titan_fp4six.integration.flavors --training.local_batch_size 4 --training.seq_len 2048 \
   > "$RESULTS/throughput.txt" 2>&1
 
 cat "$RESULTS"/*.txt | grep -v "^W1130\|^Failed to load" | tail -80

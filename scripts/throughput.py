@@ -3,7 +3,7 @@
     python scripts/throughput.py --out docs --steps 25 --warmup 10 \\
         --run "bf16=configs/qwen3_moe_debug_bf16.toml" \\
         --run "4/6 experts=configs/qwen3_moe_debug_nvfp4_four_over_six.toml" \\
-        -- --model.flavor 30B-A3B-4layers --training.local_batch_size 4 --training.seq_len 2048
+        -- --model.flavor 30B-A3B-4layers --experimental.custom_import titan_fp4six.integration.flavors --training.local_batch_size 4 --training.seq_len 2048
     python scripts/throughput.py --out docs --plot-only
 
 Every run trains `--steps` steps through `python -m titan_fp4six.train` (one at a time, so runs do not share the

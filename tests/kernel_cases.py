@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from titan_fp4six.numerics import row_amax, tensor_amax
+from titan_fp4six.dispatch import row_amax, tensor_amax
 
 TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -108,7 +108,7 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
     Runs four-over-six quantize, the fused quantize-decode and (for 1x16, B=448) standard NVFP4; every byte
     counts, the codes inside NaN-scale blocks too (NaN encodes as the canonical reference.NAN_CODE).
     """
-    from titan_fp4six.numerics import decode_block_scaled, reference
+    from titan_fp4six.numerics import reference
 
     def code_diffs(name, codes, ref_codes, ref_scales):
         return [] if torch.equal(codes, ref_codes) else [f"{name}.codes"]
@@ -117,7 +117,7 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
     rc, rs, rm = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound)
     c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound)
     dec, c2, s2, m2 = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
-    rdec = decode_block_scaled(rc, rs)
+    rdec = reference.decode_block_scaled_reference(rc, rs)
     for name, got_c, got_s, got_m in (("quantize", c, s, m), ("quantize_decode", c2, s2, m2)):
         bad += code_diffs(name, got_c, rc, rs)
         if not torch.equal(_bits(got_s), _bits(rs)):
@@ -158,7 +158,7 @@ def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
 
     def gap(x):  # err4 - err6 of every block (tile) of x (n, rows, 16)
         flat = x.permute(1, 0, 2).reshape(rows, -1)
-        err6, err4 = reference.candidate_errors(flat, amax, block, err_mode, scale_bound)
+        err6, err4 = reference.four_over_six_candidates(flat, amax, block, err_mode, scale_bound)[4:]
         return (err4 - err6)[0]
 
     g = gap(pool)

@@ -1,5 +1,7 @@
 """[quantize.*.four_over_six] TOML sections and the converters' config-time validation."""
 
+import re
+
 import pytest
 from torchtitan.config import JobConfig as TorchtitanJobConfig
 from torchtitan.models.moe import utils as moe_utils
@@ -43,8 +45,9 @@ backward = "dequantized"
     assert (gmm.backward, gmm.fqns) == ("dequantized", ["experts"])
     assert job.quantize.linear.float8.filter_fqns == []  # torchtitan's own sections are still there
     converters = _build(job).converters
-    assert converters[0].recipe == FourOverSixRecipe(err_mode="mae", scale_bound=448)
+    assert converters[0].recipe == FourOverSixRecipe(err_mode="mae", scale_bound=448, backward="quantized")  # resolved
     assert converters[1].recipe == FourOverSixRecipe(backward="dequantized")
+    assert lin.recipe() == converters[0].recipe  # built and checked when the config loads
 
 
 def test_defaults_keep_lm_head_and_router_in_bf16():
@@ -69,15 +72,8 @@ def test_fqn_matching_is_by_dotted_parts():
 
 @pytest.mark.parametrize("args, converters, match", [
     (["--compile.enable", "--compile.backend", "cudagraphs"], LIN, r"compile.backend='cudagraphs'"),
-    (["--quantize.linear.four_over_six.backward", "quantized", "--quantize.linear.four_over_six.activation_scaling",
-      "row"], LIN, rf"\[{LIN}\].*backward='quantized'.*{LIN}.activation_scaling"),
-    (["--quantize.grouped_mm.four_over_six.backward", "quantized"], GMM, rf"\[{GMM}\].*grouped"),
     (["--parallelism.expert_parallel_comm_backend", "deepep"], GMM, "expert_parallel_comm_backend=\"deepep\""),
     ([], f"{GMM},quantize.linear.float8", r"mixes \[.quantize.linear.float8.\]"),
-    (["--quantize.linear.four_over_six.err_mode", "l1"], LIN, rf"\[{LIN}\].*err_mode='l1'.*{LIN}.err_mode"),
-    (["--quantize.grouped_mm.four_over_six.scale_bound", "300"], GMM, rf"\[{GMM}\].*scale_bound=300"),
-    (["--quantize.linear.four_over_six.weight_block", "8x8"], LIN, "weight_block='8x8'"),
-    (["--quantize.linear.four_over_six.bf16_first_layers", "-1"], LIN, f"{LIN}.bf16_first_layers=-1"),
     (["--parallelism.tensor_parallel_degree", "2"], LIN, "tensor_parallel_degree=2"),
     (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
     (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
@@ -87,6 +83,41 @@ def test_config_errors_name_the_toml_keys(args, converters, match):
     job = job_config(*args, converters=converters)
     with pytest.raises(ValueError, match=match):
         _build(job)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--quantize.linear.four_over_six.backward", "quantized", "--quantize.linear.four_over_six.activation_scaling",
+      "row"], rf"\[{LIN}\].*backward='quantized'.*{LIN}.activation_scaling"),
+    (["--quantize.grouped_mm.four_over_six.backward", "quantized"], rf"\[{GMM}\].*grouped"),
+    (["--quantize.linear.four_over_six.err_mode", "l1"], rf"\[{LIN}\].*err_mode='l1'.*{LIN}.err_mode"),
+    (["--quantize.grouped_mm.four_over_six.scale_bound", "300"], rf"\[{GMM}\].*scale_bound=300"),
+    (["--quantize.linear.four_over_six.weight_block", "8x8"], "weight_block='8x8'"),
+    (["--quantize.linear.four_over_six.quantizer", "cuda"], rf"quantizer='cuda'.*{LIN}.quantizer"),
+    (["--quantize.grouped_mm.four_over_six.gemm", "fp8"], rf"gemm='fp8'.*{GMM}.gemm"),
+    (["--quantize.linear.four_over_six.bf16_first_layers", "-1"], f"{LIN}.bf16_first_layers=-1"),
+])
+def test_knob_errors_stop_the_config_load(args, match, capsys):
+    """A bad knob fails while the config loads (before any converter or model), naming its TOML key; on the
+    command line tyro prints the message in its error box and exits with status 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        job_config(*args)
+    assert exit_info.value.code == 2
+    message = re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().err)
+    assert re.search(match, message), message
+
+
+def test_knob_errors_in_the_toml_stop_the_config_load(tmp_path):
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'''
+[job]
+custom_config_module = "{CONFIG_MODULE}"
+[quantize.grouped_mm.four_over_six]
+weight_block = "32x32"
+''')
+    from torchtitan.config.manager import ConfigManager
+
+    with pytest.raises(ValueError, match=rf"\[{GMM}\].*weight_block='32x32'.*{GMM}.weight_block"):
+        ConfigManager().parse_args(["--job.config_file", str(toml)])
 
 
 def test_cudagraph_compiler_pass_is_rejected():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernel_cases import KINDS, cases, compare, near_tie_case
-from titan_fp4six import numerics
+from titan_fp4six import dispatch as numerics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -79,7 +79,7 @@ def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
     assert len(calls) == 3
     # A column-strided view is not taken by the kernel: the reference runs (logged) with the same bytes.
     xt = x.t().contiguous().t()
-    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.numerics.dispatch"):
+    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.dispatch.backend"):
         slow = numerics.four_over_six_quantize(xt, amax, block="16x16")
     assert len(calls) == 3 and "reference path" in caplog.text
     assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scales.view(torch.uint8), slow.scales.view(torch.uint8))

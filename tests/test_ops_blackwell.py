@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
 from titan_fp4six.ops import blackwell
+from titan_fp4six.ops.gemm import EMULATE_ENV, fp4_gemms
 from titan_fp4six.ops.operands import Operand
 
 
@@ -81,12 +82,22 @@ def test_grouped_arguments():
 
 @pytest.mark.parametrize("major, expected", [(9, False), (10, True), (12, False)])
 def test_gate_is_strictly_major_10(monkeypatch, major, expected):
+    """gemm='auto' takes the real kernels only on major 10; 'emulated' and TITAN_FP4SIX_EMULATE=1 never do;
+    'fp4' where they cannot run is an error naming the knob."""
     monkeypatch.setattr(blackwell, "_capability_major", lambda device: major)
-    monkeypatch.delenv("TITAN_FP4SIX_EMULATE", raising=False)
-    assert blackwell.available(torch.device("cuda", 0)) is expected
-    assert not blackwell.available(torch.device("cpu"))
-    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "1")
-    assert not blackwell.available(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
+    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    cuda = torch.device("cuda", 0)
+    assert blackwell.available(cuda) is expected and fp4_gemms(cuda, "auto") is expected
+    assert not blackwell.available(torch.device("cpu")) and not fp4_gemms(torch.device("cpu"), "auto")
+    assert not fp4_gemms(cuda, "emulated")
+    if expected:
+        assert fp4_gemms(cuda, "fp4")
+    else:
+        with pytest.raises(ValueError, match="gemm='fp4' needs a Blackwell GPU"):
+            fp4_gemms(cuda, "fp4")
+    monkeypatch.setenv(EMULATE_ENV, "1")
+    assert not fp4_gemms(cuda, "auto") and not fp4_gemms(cuda, "fp4")
 
 
 def _sm100():
@@ -95,16 +106,13 @@ def _sm100():
 
 @pytest.mark.sm100
 @pytest.mark.skipif(not _sm100(), reason="needs a Blackwell (compute capability 10.x) GPU")
-def test_blackwell_kernels_match_emulation(monkeypatch):
+def test_blackwell_kernels_match_emulation():
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(256, 512, device="cuda", generator=g).bfloat16()
     w = torch.randn(4, 256, 512, device="cuda", generator=g).bfloat16()
     offs = torch.tensor([64, 64, 200, 250], dtype=torch.int32, device="cuda")
-    recipe = FourOverSixRecipe()
-    real = (four_over_six_mm(x, w[0], recipe=recipe), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs,
-                                                                                  recipe=recipe))
-    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "1")
-    emulated = (four_over_six_mm(x, w[0], recipe=recipe), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs,
-                                                                                      recipe=recipe))
+    real, emulated = ((four_over_six_mm(x, w[0], recipe=recipe),
+                       four_over_six_grouped_mm(x, w.transpose(-2, -1), offs, recipe=recipe))
+                      for recipe in (FourOverSixRecipe(gemm="fp4"), FourOverSixRecipe(gemm="emulated")))
     for r, e in zip(real, emulated):
         torch.testing.assert_close(r, e, rtol=2 ** -7, atol=1e-3)

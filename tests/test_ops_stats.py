@@ -3,7 +3,7 @@
 import torch
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
-from titan_fp4six.numerics import four_over_six_quantize, group_amax, tensor_amax
+from titan_fp4six.dispatch import four_over_six_quantize, group_amax, tensor_amax
 from titan_fp4six.ops import MAP4_STATS, Map4Stats
 
 

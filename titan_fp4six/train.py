@@ -29,7 +29,9 @@ def main() -> None:
 
         cpu.apply()
     _single_process_env()
-    import titan_fp4six.integration.data  # noqa: F401  (registers the embedded dataset)
+    from titan_fp4six.integration import data
+
+    data.register()  # the embedded corpus, also for recipes without the plugin's config module
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 

@@ -8,18 +8,17 @@ parallelism, compile or FSDP. Converting swaps modules for stateless subclasses:
 from torch import nn
 from torchtitan.models.moe.moe import GroupedExperts
 from torchtitan.models.moe.utils import set_token_group_alignment_size_m
+from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.protocols.model_converter import register_model_converter
 from torchtitan.tools.logging import logger
 
 from ..modules.experts import GROUP_ALIGN, convert_experts
 from ..modules.linear import FourOverSixLinear
 from ..numerics.formats import BLOCK_SIZE as BLOCK
-from ..ops.recipe import FourOverSixRecipe
 from . import metrics
 
 FAMILY = "four_over_six"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
-_RECIPE_KNOBS = ("err_mode", "scale_bound", "weight_block", "activation_scaling", "backward")
 
 
 def fqn_matches(fqn: str, pattern: str) -> bool:
@@ -54,17 +53,6 @@ def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
     return set(order[:first]) | set(order[len(order) - last:] if last else ())
 
 
-def build_recipe(cfg, section: str, *, grouped: bool) -> FourOverSixRecipe:
-    """The recipe of one TOML section; any invalid knob is reported with its full TOML key."""
-    knobs = {name: getattr(cfg, name) for name in _RECIPE_KNOBS}
-    try:
-        recipe = FourOverSixRecipe(**knobs)
-        recipe.resolved_backward(grouped)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"[{section}] {e} (keys: {', '.join(f'{section}.{k}' for k in _RECIPE_KNOBS)})") from e
-    return recipe
-
-
 def validate_job_config(job_config, kind: str):
     """Cross-section checks for converter `kind` ("linear" or "grouped_mm"); returns (section cfg, recipe)."""
     section = f"quantize.{kind}.{FAMILY}"
@@ -81,9 +69,6 @@ def validate_job_config(job_config, kind: str):
         raise ValueError(f"compile.backend={compile_cfg.backend!r} / compile.passes use CUDA graphs, which "
                          f"{section} cannot run under: the grouped path reads group sizes on the host and the "
                          "amax reductions are data dependent. Use compile.backend = \"inductor\"")
-    for key in ("bf16_first_layers", "bf16_last_layers"):
-        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 0:
-            raise ValueError(f"{section}.{key}={getattr(cfg, key)!r}; it must be an integer >= 0")
     par = job_config.parallelism
     if kind == "linear" and par.tensor_parallel_degree > 1:
         raise ValueError(f"{section} with parallelism.tensor_parallel_degree={par.tensor_parallel_degree}: "
@@ -99,7 +84,7 @@ def validate_job_config(job_config, kind: str):
                              f"expert_tensor_parallel_degree={par.expert_tensor_parallel_degree}): experts must "
                              "hold whole weights per rank; use expert_parallel_degree > 1 with "
                              "expert_tensor_parallel_degree = 1")
-    return cfg, build_recipe(cfg, section, grouped=kind == "grouped_mm")
+    return cfg, cfg.recipe()
 
 
 def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -107,12 +92,13 @@ def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, name, new)
 
 
-class _Converter:
+class _Converter(QuantizationConverter):
     kind: str
 
     def __init__(self, job_config, parallel_dims):
         self.section = f"quantize.{self.kind}.{FAMILY}"
         self.cfg, self.recipe = validate_job_config(job_config, self.kind)
+        super().__init__(job_config, parallel_dims)  # torchtitan's one-quantization-family check
         metrics.install()
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
@@ -200,5 +186,7 @@ class FourOverSixGroupedMMConverter(_Converter):
                     f"token groups aligned to {GROUP_ALIGN} rows")
 
 
-register_model_converter(FourOverSixLinearConverter, f"quantize.linear.{FAMILY}")
-register_model_converter(FourOverSixGroupedMMConverter, f"quantize.grouped_mm.{FAMILY}")
+def register() -> None:
+    """Register both converters with torchtitan; called once, by the config module job_config."""
+    register_model_converter(FourOverSixLinearConverter, f"quantize.linear.{FAMILY}")
+    register_model_converter(FourOverSixGroupedMMConverter, f"quantize.grouped_mm.{FAMILY}")

@@ -1,8 +1,8 @@
 """Embedded training data: a small English corpus and a 2048-token BPE tokenizer shipped with the package.
 
-Why: every recipe must train out of the box, with no download and no path outside the package. Importing this
-module registers the corpus in torchtitan's dataset registry under ``DATASET`` (and ``VALIDATION_DATASET`` for
-the held-out split); the tokenizer directory ``EMBEDDED_DIR`` is what the recipes pass as
+Why: every recipe must train out of the box, with no download and no path outside the package. ``register()``
+(called by the plugin's config module and launcher) adds the corpus to torchtitan's dataset registry under
+``DATASET`` (and ``VALIDATION_DATASET`` for the held-out split); the tokenizer directory ``EMBEDDED_DIR`` is what the recipes pass as
 ``[model] hf_assets_path``. Provenance and license: ``embedded/PROVENANCE.md``; rebuild with
 ``scripts/build_embedded_data.py``.
 """
@@ -39,6 +39,3 @@ def register() -> None:
     for name, split in ((DATASET, "train"), (VALIDATION_DATASET, "validation")):
         DATASETS[name] = DatasetConfig(path=str(EMBEDDED_DIR), loader=lambda path, split=split: load_documents(path, split),
                                        sample_processor=_text)
-
-
-register()

@@ -2,7 +2,9 @@
 
 Why: throughput of the four-over-six recipes must be measured on the real MoE shapes (dim 2048, 128 experts,
 top-8, expert hidden 768, 32/4 heads, vocab 151936) rather than on the debug models, whose GEMMs are too small
-to say anything about speed. Importing this module adds ``BENCH_FLAVOR`` to torchtitan's Qwen3 flavors.
+to say anything about speed. A run that uses it names this module in ``--experimental.custom_import
+titan_fp4six.integration.flavors``: importing it adds ``BENCH_FLAVOR`` to torchtitan's Qwen3 flavors (nothing
+else imports it, so no other run sees the flavor).
 With 4 layers the model has about 3.1e9 parameters (2.4e9 in routed experts): fp32 weights, gradients and
 AdamW state take about 50 GB, which leaves room for activations at 8k tokens per step on a 141 GB H200.
 """

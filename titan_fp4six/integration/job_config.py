@@ -1,54 +1,75 @@
 """`[job] custom_config_module = "titan_fp4six.integration.job_config"`: the plugin's TOML sections.
 
 torchtitan imports this module and merges its top-level `JobConfig` dataclass into its own, adding
-`[quantize.linear.four_over_six]` and `[quantize.grouped_mm.four_over_six]`. Importing it also registers the
-converters, the embedded dataset and the benchmark flavor. No `from __future__ import annotations` here: the
-merge compares real dataclass types. Knob values are checked by the converters' `__init__` (whole job config).
+`[quantize.linear.four_over_six]` and `[quantize.grouped_mm.four_over_six]`. That import is the plugin's one
+hook into `torchtitan.train`, so it also registers the converters and the embedded dataset (`register()`).
+The recipe knobs of both sections are derived from FourOverSixRecipe's fields (their one home); each section
+builds and validates its recipe when the config loads, so a bad knob fails before any model is built, with
+its TOML key named. No `from __future__ import annotations` here: the merge compares real dataclass types.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 
-from ..ops.recipe import FourOverSixRecipe
-from . import converters as _converters  # noqa: F401  (registers quantize.*.four_over_six)
-from . import data as _data  # noqa: F401  (registers the embedded dataset)
-from . import flavors as _flavors  # noqa: F401  (registers the Qwen3 benchmark flavor)
+from ..ops.recipe import KNOBS, FourOverSixRecipe
+from . import converters, data
 
-_DEFAULT = FourOverSixRecipe()
+LINEAR_SECTION = "quantize.linear.four_over_six"
+GROUPED_SECTION = "quantize.grouped_mm.four_over_six"
 
 
-@dataclass
-class FourOverSixKnobs:
-    """Recipe knobs (see FourOverSixRecipe) plus decoder layers kept in bf16 at both ends of the stack."""
+def _recipe_fields():
+    return [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in KNOBS]
 
-    err_mode: str = _DEFAULT.err_mode
-    """Candidate choice per block between map-to-6 and map-to-4: "mse" or "mae" error."""
-    scale_bound: int = _DEFAULT.scale_bound
-    """Largest block scale: 256 (four-over-six) or 448 (FP8 E4M3 max)."""
-    weight_block: str = _DEFAULT.weight_block
-    """Weight quantization tile: "16x16" (one quantization serves W and W^T) or "1x16"."""
-    activation_scaling: str = _DEFAULT.activation_scaling
-    """Activation amax granularity: "tensor" or "row"."""
-    backward: str = _DEFAULT.backward
-    """Backward GEMMs: "auto", "quantized", "high_precision" or "dequantized" ("auto": quantized for per-tensor
-    dense Linears, high_precision for row-scaled activations and routed experts)."""
+
+@dataclass(kw_only=True)
+class _SectionBase:
+    """Decoder layers kept in bf16 at both ends of the stack, and the recipe of the section's knobs."""
+
     bf16_first_layers: int = 0
     """Number of decoder layers at the start of the stack (layers.0, ...) left in bf16."""
     bf16_last_layers: int = 0
     """Number of decoder layers at the end of the stack left in bf16."""
 
+    SECTION = ""
+    GROUPED = False
 
-@dataclass
-class FourOverSixLinearConfig(FourOverSixKnobs):
-    filter_fqns: list[str] = field(default_factory=lambda: ["output", "router.gate"])
-    """Modules never converted: an entry matches an fqn when its dotted parts appear as a run in the fqn's."""
-    fqns: list[str] = field(default_factory=list)
-    """If set, only Linears under these fqns are converted; a listed one that cannot be is an error."""
+    def __post_init__(self):
+        self.recipe()  # config-time validation, with the TOML keys named
+        for key in ("bf16_first_layers", "bf16_last_layers"):
+            value = getattr(self, key)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{self.SECTION}.{key}={value!r}; it must be an integer >= 0")
+
+    def recipe(self) -> FourOverSixRecipe:
+        """The section's recipe, resolved for its GEMM kind; an invalid knob is reported with its TOML key."""
+        knobs = {f.name: getattr(self, f.name) for f in KNOBS}
+        try:
+            return FourOverSixRecipe(**knobs).resolve(grouped=self.GROUPED)
+        except (ValueError, TypeError) as e:
+            keys = ", ".join(f"{self.SECTION}.{f.name}" for f in KNOBS)
+            raise ValueError(f"[{self.SECTION}] {e} (keys: {keys})") from e
 
 
-@dataclass
-class FourOverSixGroupedMMConfig(FourOverSixKnobs):
-    fqns: list[str] = field(default_factory=lambda: ["experts"])
-    """Routed-experts modules to convert (dotted-part match: "experts" does not match "shared_experts")."""
+def _section(name: str, section: str, grouped: bool, doc: str, extra: list) -> type:
+    cls = make_dataclass(name, _recipe_fields() + extra, bases=(_SectionBase,), kw_only=True,
+                         namespace={"SECTION": section, "GROUPED": grouped, "__doc__": doc,
+                                    "__module__": __name__})
+    return cls
+
+
+FourOverSixLinearConfig = _section(
+    "FourOverSixLinearConfig", LINEAR_SECTION, False,
+    "[quantize.linear.four_over_six]: dense nn.Linear layers. filter_fqns: modules never converted (an entry "
+    "matches an fqn when its dotted parts appear as a run in the fqn's); fqns: if set, only Linears under these "
+    "are converted, and a listed one that cannot be is an error.",
+    [("filter_fqns", list[str], field(default_factory=lambda: ["output", "router.gate"])),
+     ("fqns", list[str], field(default_factory=list))])
+
+FourOverSixGroupedMMConfig = _section(
+    "FourOverSixGroupedMMConfig", GROUPED_SECTION, True,
+    "[quantize.grouped_mm.four_over_six]: routed experts. fqns: the experts modules to convert (dotted-part "
+    "match: 'experts' does not match 'shared_experts').",
+    [("fqns", list[str], field(default_factory=lambda: ["experts"]))])
 
 
 @dataclass
@@ -70,3 +91,12 @@ class Quantize:
 @dataclass
 class JobConfig:
     quantize: Quantize = field(default_factory=Quantize)
+
+
+def register() -> None:
+    """Register the converters and the embedded dataset with torchtitan (idempotent)."""
+    converters.register()
+    data.register()
+
+
+register()

@@ -43,10 +43,11 @@ def track(fqn: str, active_params: int, recipe: FourOverSixRecipe, *, grouped: b
 def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
     """FLOPs per token per weight param that run as NVFP4 GEMMs where native FP4 kernels exist.
 
-    The ops run them natively only for per-tensor (per-group) activation scales: the forward GEMM (2), plus
-    dgrad and wgrad (4) for a dense GEMM whose backward resolves to "quantized"; other backwards are bf16.
+    The ops run them natively only for per-tensor (per-group) activation scales and a recipe whose `gemm` knob
+    allows it: the forward GEMM (2), plus dgrad and wgrad (4) for a dense GEMM whose backward resolves to
+    "quantized"; other backwards are bf16.
     """
-    if recipe.row_scaled:
+    if recipe.row_scaled or recipe.gemm == "emulated":
         return 0
     return 2 if grouped or recipe.resolved_backward(grouped) != "quantized" else 6
 

@@ -1,6 +1,5 @@
-"""Fast paths for the numerics layer: Triton quantizer kernels (imported lazily, CUDA only) and the
-torch.library custom ops that make the quantizers opaque, bit-exact calls under torch.compile."""
+"""Triton kernels bitwise equal to the reference quantizers (titan_fp4six.numerics.reference).
 
-from .library import four_over_six_quantize, four_over_six_quantize_decode, nvfp4_quantize
-
-__all__ = ["four_over_six_quantize", "four_over_six_quantize_decode", "nvfp4_quantize"]
+They import only the formats of the numerics layer; titan_fp4six.dispatch decides when they run. Import the
+submodules (`quantize`, `amax`) explicitly: importing them imports Triton.
+"""

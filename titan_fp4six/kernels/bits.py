@@ -11,7 +11,7 @@ operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0). Cla
 import triton
 import triton.language as tl
 
-from ..numerics.reference import NAN_CODE as _NAN_CODE
+from ..numerics.formats import NAN_CODE as _NAN_CODE
 
 NAN_CODE = tl.constexpr(_NAN_CODE)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)

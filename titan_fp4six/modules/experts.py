@@ -93,6 +93,7 @@ def convert_experts(module: nn.Module, recipe: FourOverSixRecipe) -> nn.Module:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor) or w.dim() != 3:
             raise TypeError(f"{type(module).__name__}.{name} must be a 3-D (experts, out, in) parameter")
+    resolved = recipe.resolve(grouped=True)  # raises for a backward grouped GEMMs do not define
     module.__class__ = four_over_six_experts_class(type(module))
-    module.recipe = recipe
+    module.recipe = resolved
     return module

@@ -21,7 +21,7 @@ class FourOverSixLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: FourOverSixRecipe | None = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.recipe = recipe if recipe is not None else FourOverSixRecipe()
+        self.recipe = (recipe if recipe is not None else FourOverSixRecipe()).resolve(grouped=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: FourOverSixRecipe) -> "FourOverSixLinear":

@@ -1,10 +1,6 @@
-"""Bit-exact NVFP4 and four-over-six numerics (pure PyTorch, no torchtitan)."""
+"""The bottom layer: NVFP4 formats, argument checks and the pure-PyTorch reference quantizers (the numerics
+contract of docs/numerics.md made executable). No kernels, no dispatch, no torchtitan."""
 
-from .amax import group_amax, group_index, row_amax, tensor_amax
-from .quantize import (NVFP4Blocks, decode_block_scaled, four_over_six_quantize, four_over_six_quantize_decode, global_decode_factor,
-                       nvfp4_dequantize, nvfp4_quantize)
+from . import formats, reference, validation
 
-__all__ = [
-    "NVFP4Blocks", "decode_block_scaled", "four_over_six_quantize", "four_over_six_quantize_decode", "global_decode_factor", "group_amax",
-    "group_index", "nvfp4_dequantize", "nvfp4_quantize", "row_amax", "tensor_amax",
-]
+__all__ = ["formats", "reference", "validation"]

@@ -11,7 +11,12 @@ BLOCK_SIZE = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 FLT_MAX = torch.finfo(torch.float32).max
+STANDARD_BOUND = 448
+"""Block-scale bound B of standard NVFP4 (E4M3's largest value): its scales use the whole E4M3 range."""
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+NAN_CODE = 0x3
+"""The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
+device's arithmetic, so the stored byte must not."""
 
 
 def fp32_const(value: float, device) -> torch.Tensor:

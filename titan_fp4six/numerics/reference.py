@@ -7,10 +7,8 @@ and every division divides by an FP32 tensor (correctly rounded).
 
 import torch
 
-from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, FLT_MAX, e2m1_decode, e2m1_encode, e4m3_round, fp32_const,
-                      pack_codes)
-
-NAN_CODE = 0x3  # torchao's code for a positive NaN
+from .formats import (BLOCK_SIZE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND, e2m1_decode, e2m1_encode, e4m3_round,
+                      fp32_const, pack_codes, unpack_codes)
 
 # Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
 _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
@@ -70,7 +68,7 @@ def _tile_error(err: torch.Tensor) -> torch.Tensor:
     return total.repeat_interleave(BLOCK_SIZE, dim=0)
 
 
-def _four_over_six_candidates(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
+def four_over_six_candidates(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
     """Both candidates of a validated 2-D x: (code6, code4, sf6, sf4, err6, err4), errors per (row, block) after
     the 16x16 tile sum (repeated over the tile's rows)."""
     rows, cols = x.shape
@@ -90,15 +88,9 @@ def _four_over_six_candidates(x: torch.Tensor, amax: torch.Tensor, block: str, e
     return code6, code4, sf6, sf4, err6, err4
 
 
-def candidate_errors(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
-    """(err6, err4): the exact candidate errors the choice compares, per (row, block); for error reports and
-    for mining near-ties that test the fast kernels."""
-    return _four_over_six_candidates(x, amax, block, err_mode, scale_bound)[4:]
-
-
 def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
     """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask)."""
-    code6, code4, sf6, sf4, err6, err4 = _four_over_six_candidates(x, amax, block, err_mode, scale_bound)
+    code6, code4, sf6, sf4, err6, err4 = four_over_six_candidates(x, amax, block, err_mode, scale_bound)
     map4 = err4 < err6  # strict: ties and NaN errors keep map-to-6
     codes = torch.where(map4[..., None], code4, code6).view(x.shape)
     scales = torch.where(map4, sf4.view(torch.uint8), sf6.view(torch.uint8)).view(torch.float8_e4m3fn)
@@ -110,8 +102,43 @@ def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor):
     rows, cols = x.shape
     xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
     amax_r = _per_row(amax)
-    s_enc = global_encode_scale(amax_r, int(E4M3_MAX))
+    s_enc = global_encode_scale(amax_r, STANDARD_BOUND)
     s_dec = _f32(1.0, x) / s_enc
     mult = s_enc * (_f32(1.0, x) / _f32(E2M1_MAX, x))
     sf = e4m3_round(torch.clamp(_block_amax(xb, "1x16") * mult, max=FLT_MAX))
     return pack_codes(_encode(xb, sf, s_dec).view(rows, cols)), sf
+
+
+def tensor_amax_reference(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the whole tensor as an FP32 scalar (NaN propagates; 0 for an empty tensor)."""
+    return x.abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
+
+
+def row_amax_reference(x: torch.Tensor) -> torch.Tensor:
+    """max |x| of each row of a 2-D tensor as an FP32 vector (0 for rows of no columns)."""
+    if not x.shape[1]:
+        return torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+    return x.abs().amax(dim=-1).float()
+
+
+def global_decode_factor(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """amax * fl(1/(6B)): the factor between block-scaled values and real values (docs/numerics.md, Decode)."""
+    inv_six_b = fp32_const(1.0, amax.device) / fp32_const(E2M1_MAX * scale_bound, amax.device)
+    return amax * inv_six_b
+
+
+def decode_block_scaled_reference(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    """e2m1_value * f32(block scale), without the global factor. At most 6 significant bits within bf16's
+    range, so exact in bf16: the operand of the emulated GEMMs (the global factor is applied afterwards)."""
+    rows, half = codes.shape
+    values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
+    return (values * scales.float()[..., None]).view(rows, half * 2).to(dtype)
+
+
+def dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int,
+                         dtype) -> torch.Tensor:
+    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), cast to dtype; amax () or (R,)."""
+    rows, half = codes.shape
+    scale = global_decode_factor(scales.float() * _per_row(amax), scale_bound)
+    values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
+    return (values * scale[..., None]).view(rows, half * 2).to(dtype)

@@ -5,11 +5,10 @@ by their product, as the emulation does).
 
 Gated strictly on major == 10: NVFP4 scaled_grouped_mm on Hopper launches a Blackwell kernel that corrupts
 the CUDA context. Only per-tensor (per-group) activation scaling runs here; per-row global factors have no
-kernel and stay on the emulated path. TITAN_FP4SIX_EMULATE=1 forces the emulated path everywhere.
+kernel and stay on the emulated path. The recipe knob `gemm` (and TITAN_FP4SIX_EMULATE) decide in gemm.py.
 """
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +24,18 @@ def _capability_major(device: torch.device) -> int:
 
 
 def available(device: torch.device) -> bool:
-    """True on a compute-capability-10 GPU with torch's NVFP4 scaled GEMMs (and no TITAN_FP4SIX_EMULATE=1)."""
-    if device.type != "cuda" or os.environ.get("TITAN_FP4SIX_EMULATE") == "1":
+    """True on a compute-capability-10 GPU with torch's NVFP4 scaled GEMMs."""
+    if device.type != "cuda":
         return False
     return _capability_major(device) == 10 and hasattr(F, "scaled_mm") and hasattr(F, "scaled_grouped_mm")
+
+
+def require(device: torch.device) -> None:
+    """Raise unless the real NVFP4 GEMMs can run on `device` (the recipe asked for gemm='fp4')."""
+    if not available(device):
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+        raise ValueError(f"gemm='fp4' needs a Blackwell GPU (compute capability 10.x) and torch's NVFP4 "
+                         f"scaled_mm / scaled_grouped_mm; {what} has none: use gemm='auto' or 'emulated'")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -68,8 +75,9 @@ def dense_args(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.T
                 output_dtype=out_dtype)
 
 
-def dense_supported(device: torch.device, a_factor: torch.Tensor, out_dtype) -> bool:
-    return available(device) and a_factor.dim() == 0 and out_dtype == torch.bfloat16
+def dense_supported(a_factor: torch.Tensor, out_dtype) -> bool:
+    """Whether a dense GEMM with these activation factors has a real NVFP4 kernel (per-tensor, bf16 out)."""
+    return a_factor.dim() == 0 and out_dtype == torch.bfloat16
 
 
 def scaled_mm_nt(a: Operand, a_factor, b: Operand, b_factor, out_dtype) -> torch.Tensor:

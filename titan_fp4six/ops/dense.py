@@ -2,88 +2,91 @@
 
 The quantize+GEMM forward and each backward are torch.library custom ops: opaque to torch.compile (Inductor
 cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for bit), with fake
-implementations for tracing, wrapped in an autograd.Function.
+implementations for tracing, wrapped in an autograd.Function. The ops take the resolved recipe as its key
+string and trust it: the public functions below check their arguments once.
 """
 
 import torch
 from torch import Tensor
 
-from ..numerics import global_decode_factor, nvfp4_dequantize, row_amax, tensor_amax
+from ..dispatch.amax import run_row_amax, run_tensor_amax
+from ..dispatch.quantize import run_dequantize
+from ..numerics.formats import STANDARD_BOUND
+from ..numerics.reference import global_decode_factor
 from .checks import check_dense
 from .gemm import decode_on, gemm_nt
 from .operands import Operand, pad_rows, quantize_46, quantize_standard, transpose_tiles
-from .recipe import FourOverSixRecipe
+from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
 
 _F8 = torch.float8_e4m3fn
-_STANDARD_BOUND = 448
 
 
 @torch.library.custom_op("titan_fp4six::dense_fwd", mutates_args=())
-def dense_fwd(x: Tensor, weight: Tensor, err_mode: str, scale_bound: int, weight_block: str,
-              row_scaled: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype and
     the forward's x codes, scales, amax and weight codes, scales, amax (what the backward modes save)."""
-    decode = decode_on(x.device)
-    x_amax = row_amax(x) if row_scaled else tensor_amax(x)
-    xq, x_map4 = quantize_46(x, x_amax, block="1x16", err_mode=err_mode, scale_bound=scale_bound, decode=decode)
-    w_amax = tensor_amax(weight)
-    wq, w_map4 = quantize_46(weight, w_amax, block=weight_block, err_mode=err_mode, scale_bound=scale_bound,
-                             decode=decode)
+    r = recipe_from_key(recipe)
+    decode = decode_on(x.device, r.gemm)
+    x_amax = run_row_amax(x, r.quantizer) if r.row_scaled else run_tensor_amax(x, r.quantizer)
+    xq, x_map4 = quantize_46(x, x_amax, "1x16", r, decode)
+    w_amax = run_tensor_amax(weight, r.quantizer)
+    wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode)
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
-    out = gemm_nt(xq, global_decode_factor(x_amax, scale_bound), wq, global_decode_factor(w_amax, scale_bound),
-                  x.dtype)
+    out = gemm_nt(xq, global_decode_factor(x_amax, r.scale_bound), wq, global_decode_factor(w_amax, r.scale_bound),
+                  x.dtype, r.gemm)
     return out, xq.codes, xq.scales, x_amax, wq.codes, wq.scales, w_amax
 
 
 @dense_fwd.register_fake
-def _(x, weight, err_mode, scale_bound, weight_block, row_scaled):
+def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
     u8, f32 = torch.uint8, torch.float32
+    row_scaled = recipe_from_key(recipe).row_scaled
     return (x.new_empty(m, n), x.new_empty(m, k // 2, dtype=u8), x.new_empty(m, k // 16, dtype=_F8),
             x.new_empty((m,) if row_scaled else (), dtype=f32), x.new_empty(n, k // 2, dtype=u8),
             x.new_empty(n, k // 16, dtype=_F8), x.new_empty((), dtype=f32))
 
 
-def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, err_mode, scale_bound, weight_block,
-                     x_dtype, w_dtype, need_dx, need_dw):
-    """Spec 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy in standard NVFP4 with
-    its own per-tensor amax, x and W columnwise with the forward's amax."""
-    dy_amax = tensor_amax(dy)
-    dy_factor = global_decode_factor(dy_amax, _STANDARD_BOUND)
-    w_factor = global_decode_factor(w_amax, scale_bound)
+def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOverSixRecipe, x_dtype, w_dtype,
+                     need_dx, need_dw):
+    """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy in standard NVFP4
+    with its own per-tensor amax, x and W columnwise with the forward's amax."""
+    dy_amax = run_tensor_amax(dy, r.quantizer)
+    dy_factor = global_decode_factor(dy_amax, STANDARD_BOUND)
+    w_factor = global_decode_factor(w_amax, r.scale_bound)
+    decode = decode_on(dy.device, r.gemm)
     dx = dw = dy.new_empty(0)
     if need_dx:
-        if weight_block == "16x16":
+        if r.weight_block == "16x16":
             w_col = transpose_tiles(Operand(w_codes, w_scales))
         else:
-            w_col, _ = quantize_46(weight.t(), w_amax, block="1x16", err_mode=err_mode, scale_bound=scale_bound,
-                                   decode=decode_on(dy.device))
-        dx = gemm_nt(quantize_standard(dy, dy_amax), dy_factor, w_col, w_factor, x_dtype)
+            w_col, _ = quantize_46(weight.t(), w_amax, "1x16", r, decode)
+        dx = gemm_nt(quantize_standard(dy, dy_amax, r), dy_factor, w_col, w_factor, x_dtype, r.gemm)
     if need_dw:
         # blocking along the token dimension M: zero rows up to a multiple of 16 change nothing
-        dy_col = quantize_standard(pad_rows(dy).t(), dy_amax)
-        x_col, _ = quantize_46(pad_rows(x).t(), x_amax, block="1x16", err_mode=err_mode, scale_bound=scale_bound,
-                               decode=decode_on(dy.device))
-        dw = gemm_nt(dy_col, dy_factor, x_col, global_decode_factor(x_amax, scale_bound), w_dtype)
+        dy_col = quantize_standard(pad_rows(dy).t(), dy_amax, r)
+        x_col, _ = quantize_46(pad_rows(x).t(), x_amax, "1x16", r, decode)
+        dw = gemm_nt(dy_col, dy_factor, x_col, global_decode_factor(x_amax, r.scale_bound), w_dtype, r.gemm)
     return dx, dw
 
 
 @torch.library.custom_op("titan_fp4six::dense_bwd", mutates_args=())
 def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tensor | None,
               x_scales: Tensor | None, x_amax: Tensor, w_codes: Tensor | None, w_scales: Tensor | None,
-              w_amax: Tensor, mode: str, err_mode: str, scale_bound: int, weight_block: str, x_dtype: torch.dtype,
-              w_dtype: torch.dtype, need_dx: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
+              w_amax: Tensor, recipe: str, x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool,
+              need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed."""
-    if mode == "quantized":
-        return _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, err_mode, scale_bound,
-                                weight_block, x_dtype, w_dtype, need_dx, need_dw)
+    r = recipe_from_key(recipe)
+    if r.backward == "quantized":
+        return _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r, x_dtype, w_dtype, need_dx,
+                                need_dw)
     # high_precision / dequantized: GEMMs in the activations' dtype (bf16 in training) on the original or the
     # dequantized forward operands
-    if mode == "dequantized":
-        x = nvfp4_dequantize(x_codes, x_scales, x_amax, scale_bound=scale_bound, dtype=x_dtype)
-        weight = nvfp4_dequantize(w_codes, w_scales, w_amax, scale_bound=scale_bound, dtype=x_dtype)
+    if r.backward == "dequantized":
+        x = run_dequantize(x_codes, x_scales, x_amax, r.scale_bound, x_dtype, r.quantizer)
+        weight = run_dequantize(w_codes, w_scales, w_amax, r.scale_bound, x_dtype, r.quantizer)
     dy = dy.to(x_dtype)
     dx = torch.mm(dy, weight.to(x_dtype)) if need_dx else dy.new_empty(0)
     dw = torch.mm(dy.t(), x).to(w_dtype) if need_dw else dy.new_empty(0)
@@ -91,8 +94,8 @@ def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tens
 
 
 @dense_bwd.register_fake
-def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, mode, err_mode, scale_bound,
-      weight_block, x_dtype, w_dtype, need_dx, need_dw):
+def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, recipe, x_dtype, w_dtype, need_dx,
+      need_dw):
     m, n = dy.shape
     k = x.shape[1] if x is not None else x_codes.shape[1] * 2
     dx = dy.new_empty(m, k, dtype=x_dtype) if need_dx else dy.new_empty(0)
@@ -102,35 +105,27 @@ def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, mode,
 
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, err_mode, scale_bound, weight_block, row_scaled, mode):
-        out, xc, xs, xa, wc, ws, wa = torch.ops.titan_fp4six.dense_fwd(x, weight, err_mode, scale_bound,
-                                                                        weight_block, row_scaled)
-        if mode == "high_precision":
+    def forward(ctx, x, weight, recipe: FourOverSixRecipe):
+        out, xc, xs, xa, wc, ws, wa = torch.ops.titan_fp4six.dense_fwd(x, weight, recipe.key)
+        if recipe.backward == "high_precision":
             saved = (x, weight, None, None, xa, None, None, wa)
-        elif mode == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
+        elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
             saved = (None, None, xc, xs, xa, wc, ws, wa)
-        elif weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
+        elif recipe.weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
             saved = (x, None, None, None, xa, wc, ws, wa)
         else:
             saved = (x, weight, None, None, xa, None, None, wa)
         ctx.save_for_backward(*saved)
-        ctx.config = (mode, err_mode, scale_bound, weight_block, x.dtype, weight.dtype)
+        ctx.config = (recipe.key, x.dtype, weight.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, xc, xs, xa, wc, ws, wa = ctx.saved_tensors
-        mode, err_mode, scale_bound, weight_block, x_dtype, w_dtype = ctx.config
+        key, x_dtype, w_dtype = ctx.config
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx, dw = torch.ops.titan_fp4six.dense_bwd(dy.contiguous(), x, weight, xc, xs, xa, wc, ws, wa, mode,
-                                                  err_mode, scale_bound, weight_block, x_dtype, w_dtype,
+        dx, dw = torch.ops.titan_fp4six.dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype,
                                                   need_dx, need_dw)
-        return (dx if need_dx else None), (dw if need_dw else None), None, None, None, None, None
-
-
-def _apply(x2d, weight, recipe: FourOverSixRecipe):
-    return _DenseFunction.apply(x2d, weight, recipe.err_mode, recipe.scale_bound, recipe.weight_block,
-                                recipe.row_scaled, recipe.resolved_backward(grouped=False))
+        return (dx if need_dx else None), (dw if need_dw else None), None
 
 
 def four_over_six_mm(x2d: Tensor, weight: Tensor, *, recipe: FourOverSixRecipe) -> Tensor:
@@ -138,12 +133,13 @@ def four_over_six_mm(x2d: Tensor, weight: Tensor, *, recipe: FourOverSixRecipe) 
     check_dense(x2d, weight, None, recipe)
     if x2d.dim() != 2:
         raise ValueError(f"x2d must be 2-D (M, K), got shape {tuple(x2d.shape)}; use four_over_six_linear")
-    return _apply(x2d, weight, recipe)
+    return _DenseFunction.apply(x2d, weight, recipe.resolve(grouped=False))
 
 
 def four_over_six_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                          recipe: FourOverSixRecipe) -> Tensor:
     """F.linear with four-over-six NVFP4 operands: x (..., K), weight (N, K), bias (N,) -> (..., N) in x's dtype."""
     check_dense(x, weight, bias, recipe)
-    out = _apply(x.reshape(-1, x.shape[-1]), weight, recipe).view(*x.shape[:-1], weight.shape[0])
+    out = _DenseFunction.apply(x.reshape(-1, x.shape[-1]), weight, recipe.resolve(grouped=False))
+    out = out.view(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias.to(out.dtype)

@@ -11,6 +11,7 @@ dense path and with the Blackwell kernel, which applies the factors to the FP32 
 
 import functools
 import logging
+import os
 
 import torch
 
@@ -19,10 +20,22 @@ from .operands import Operand
 
 log = logging.getLogger(__name__)
 
+EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
 
-def decode_on(device: torch.device) -> bool:
+
+def fp4_gemms(device: torch.device, gemm: str) -> bool:
+    """Whether the real NVFP4 GEMMs run (recipe knob `gemm`; EMULATE_ENV=1 forces emulation everywhere)."""
+    if gemm == "emulated" or os.environ.get(EMULATE_ENV) == "1":
+        return False
+    if gemm == "fp4":
+        blackwell.require(device)
+        return True
+    return blackwell.available(device)
+
+
+def decode_on(device: torch.device, gemm: str) -> bool:
     """Whether the quantizers should also produce the bf16 decode (fused) for an emulated GEMM."""
-    return not blackwell.available(device)
+    return not fp4_gemms(device, gemm)
 
 
 @functools.cache
@@ -52,16 +65,17 @@ def _combined(a_factor: torch.Tensor, b_factor: torch.Tensor) -> torch.Tensor:
     return (a_factor[:, None] if a_factor.dim() else a_factor) * b_factor
 
 
-def gemm_nt(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.Tensor, out_dtype) -> torch.Tensor:
+def gemm_nt(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.Tensor, out_dtype, gemm: str) -> torch.Tensor:
     """a (M, K) x b (N, K)^T -> (M, N) in out_dtype; a_factor () or (M,), b_factor ()."""
-    if blackwell.dense_supported(a.codes.device, a_factor, out_dtype):
+    if fp4_gemms(a.codes.device, gemm) and blackwell.dense_supported(a_factor, out_dtype):
         return blackwell.scaled_mm_nt(a, a_factor, b, b_factor, out_dtype)
     acc = mm_f32(a.block_scaled(), b.block_scaled().t())
     return (acc * _combined(a_factor, b_factor)).to(out_dtype)
 
 
 def grouped_gemm_nt(a: Operand, a_factor_rows: torch.Tensor, a_factor_groups: torch.Tensor | None, w: Operand,
-                    w_factor: torch.Tensor, offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype) -> torch.Tensor:
+                    w_factor: torch.Tensor, offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype,
+                    gemm: str) -> torch.Tensor:
     """A (M, K) grouped by offs x expert weights w (E*N, K) -> (M, N); rows past offs[-1] are zeros.
 
     a_factor_rows (M,) is every row's activation factor; a_factor_groups (E,) the same per group when the
@@ -69,7 +83,7 @@ def grouped_gemm_nt(a: Operand, a_factor_rows: torch.Tensor, a_factor_groups: to
     """
     experts = w_factor.numel()
     valid = group_of_row < experts
-    if a_factor_groups is not None and blackwell.available(a.codes.device) and out_dtype == torch.bfloat16:
+    if a_factor_groups is not None and out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm):
         out = blackwell.scaled_grouped_mm_nt(a, a_factor_groups, w, w_factor, offs, experts, out_dtype)
         return torch.where(valid[:, None], out, 0)
     w_dec = w.block_scaled().view(experts, -1, w.codes.shape[1] * 2)

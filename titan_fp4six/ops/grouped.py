@@ -9,11 +9,13 @@ tokens: no amax reads them, their output rows are zeros and their gradient rows 
 import torch
 from torch import Tensor
 
-from ..numerics import global_decode_factor, group_amax, group_index, nvfp4_dequantize, row_amax
+from ..dispatch.amax import group_index, run_group_amax, run_row_amax
+from ..dispatch.quantize import run_dequantize
+from ..numerics.reference import global_decode_factor
 from .checks import check_grouped, check_offs_values
 from .gemm import decode_on, grouped_gemm_nt
 from .operands import quantize_46
-from .recipe import FourOverSixRecipe
+from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
 
 _F8 = torch.float8_e4m3fn
@@ -24,13 +26,13 @@ def _per_row(values: Tensor, group_of_row: Tensor) -> Tensor:
     return torch.cat([values, values.new_zeros(1)])[group_of_row]
 
 
-def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, row_scaled: bool):
+def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: FourOverSixRecipe):
     """(amax to save: (E,) per group or (M,) per row, amax per row (M,)); tail rows get 0 and are never read
     into a real row's amax."""
-    if row_scaled:
-        rows = torch.where(group_of_row < offs.numel(), row_amax(A), 0.0)
+    if r.row_scaled:
+        rows = torch.where(group_of_row < offs.numel(), run_row_amax(A, r.quantizer), 0.0)
         return rows, rows
-    groups = group_amax(A, offs)
+    groups = run_group_amax(A, offs, r.quantizer)
     return groups, _per_row(groups, group_of_row)
 
 
@@ -42,35 +44,35 @@ def _expert_weights(B_t: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.library.custom_op("titan_fp4six::grouped_fwd", mutates_args=())
-def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor, err_mode: str, scale_bound: int, weight_block: str,
-                row_scaled: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
+                recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)) and W codes, scales, amax (E,)."""
+    r = recipe_from_key(recipe)
     check_offs_values(offs, A.shape[0])
     experts, n = B_t.shape[0], B_t.shape[2]
     group_of_row = group_index(offs, A.shape[0])
-    a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, row_scaled)
-    decode = decode_on(A.device)
-    aq, a_map4 = quantize_46(A, a_amax_rows, block="1x16", err_mode=err_mode, scale_bound=scale_bound,
-                             decode=decode)
+    a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, r)
+    decode = decode_on(A.device, r.gemm)
+    aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode)
     w, w_amax = _expert_weights(B_t)
-    wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), block=weight_block, err_mode=err_mode,
-                             scale_bound=scale_bound, decode=decode)
+    wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode)
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)
-    if row_scaled:
-        a_groups, a_rows = None, global_decode_factor(a_amax_rows, scale_bound)
+    if r.row_scaled:
+        a_groups, a_rows = None, global_decode_factor(a_amax_rows, r.scale_bound)
     else:  # the same elementwise factors, expanded per row
-        a_groups = global_decode_factor(a_amax, scale_bound)
+        a_groups = global_decode_factor(a_amax, r.scale_bound)
         a_rows = _per_row(a_groups, group_of_row)
-    out = grouped_gemm_nt(aq, a_rows, a_groups, wq, global_decode_factor(w_amax, scale_bound), offs, group_of_row,
-                          A.dtype)
+    out = grouped_gemm_nt(aq, a_rows, a_groups, wq, global_decode_factor(w_amax, r.scale_bound), offs, group_of_row,
+                          A.dtype, r.gemm)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
 
 
 @grouped_fwd.register_fake
-def _(A, B_t, offs, err_mode, scale_bound, weight_block, row_scaled):
+def _(A, B_t, offs, recipe):
     (m, k), (e, _, n) = A.shape, B_t.shape
     u8, f32 = torch.uint8, torch.float32
+    row_scaled = recipe_from_key(recipe).row_scaled
     return (A.new_empty(m, n), A.new_empty(m, k // 2, dtype=u8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=f32), A.new_empty(e * n, k // 2, dtype=u8),
             A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32))
@@ -79,18 +81,19 @@ def _(A, B_t, offs, err_mode, scale_bound, weight_block, row_scaled):
 @torch.library.custom_op("titan_fp4six::grouped_bwd", mutates_args=())
 def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, a_codes: Tensor | None,
                 a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None,
-                w_amax: Tensor | None, mode: str, scale_bound: int, row_scaled: bool, a_dtype: torch.dtype,
-                w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
+                w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool,
+                need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
     grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands."""
+    r = recipe_from_key(recipe)
     m, experts = dy.shape[0], offs.numel()
     group_of_row = group_index(offs, m)
-    if mode == "dequantized":
-        rows = a_amax if row_scaled else _per_row(a_amax, group_of_row)
-        A = nvfp4_dequantize(a_codes, a_scales, rows, scale_bound=scale_bound, dtype=a_dtype)
+    if r.backward == "dequantized":
+        rows = a_amax if r.row_scaled else _per_row(a_amax, group_of_row)
+        A = run_dequantize(a_codes, a_scales, rows, r.scale_bound, a_dtype, r.quantizer)
         n = w_codes.shape[0] // experts
-        w = nvfp4_dequantize(w_codes, w_scales, w_amax.repeat_interleave(n), scale_bound=scale_bound,
-                             dtype=a_dtype).view(experts, n, -1)
+        w = run_dequantize(w_codes, w_scales, w_amax.repeat_interleave(n), r.scale_bound, a_dtype,
+                           r.quantizer).view(experts, n, -1)
     else:
         w = B_t.transpose(-2, -1).to(a_dtype)
     dy = dy.to(a_dtype)
@@ -104,8 +107,8 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
 
 
 @grouped_bwd.register_fake
-def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, mode, scale_bound, row_scaled,
-      a_dtype, w_dtype, need_da, need_dw):
+def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype, need_da,
+      need_dw):
     m, n = dy.shape
     k = A.shape[1] if A is not None else a_codes.shape[1] * 2
     dA = dy.new_empty(m, k, dtype=a_dtype) if need_da else dy.new_empty(0)
@@ -115,24 +118,22 @@ def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, mo
 
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, B_t, offs, err_mode, scale_bound, weight_block, row_scaled, mode):
-        out, ac, as_, aa, wc, ws, wa = torch.ops.titan_fp4six.grouped_fwd(A, B_t, offs, err_mode, scale_bound,
-                                                                          weight_block, row_scaled)
-        if mode == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax (and offs) stay alive
+    def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
+        out, ac, as_, aa, wc, ws, wa = torch.ops.titan_fp4six.grouped_fwd(A, B_t, offs, recipe.key)
+        if recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax (and offs) stay alive
             ctx.save_for_backward(None, None, offs, ac, as_, aa, wc, ws, wa)
         else:
             ctx.save_for_backward(A, B_t, offs, None, None, None, None, None, None)
-        ctx.config = (mode, scale_bound, row_scaled, A.dtype, B_t.dtype)
+        ctx.config = (recipe.key, A.dtype, B_t.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        mode, scale_bound, row_scaled, a_dtype, w_dtype = ctx.config
+        key, a_dtype, w_dtype = ctx.config
         need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dA, dW = torch.ops.titan_fp4six.grouped_bwd(dy.contiguous(), *ctx.saved_tensors, mode, scale_bound,
-                                                    row_scaled, a_dtype, w_dtype, need_da, need_dw)
-        return ((dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None),
-                None, None, None, None, None, None)
+        dA, dW = torch.ops.titan_fp4six.grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype,
+                                                    need_da, need_dw)
+        return (dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None), None, None
 
 
 def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe) -> Tensor:
@@ -142,5 +143,4 @@ def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: Fo
     inclusive group ends (length E, offs[-1] <= M). Backward: recipe.resolved_backward(grouped=True).
     """
     check_grouped(A, B_t, offs, recipe)
-    return _GroupedFunction.apply(A, B_t, offs, recipe.err_mode, recipe.scale_bound, recipe.weight_block,
-                                  recipe.row_scaled, recipe.resolved_backward(grouped=True))
+    return _GroupedFunction.apply(A, B_t, offs, recipe.resolve(grouped=True))

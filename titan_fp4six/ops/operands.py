@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import decode_block_scaled, four_over_six_quantize, four_over_six_quantize_decode, nvfp4_quantize
+from ..dispatch.quantize import run_decode_block_scaled, run_four_over_six, run_nvfp4
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
+from .recipe import FourOverSixRecipe
 
 
 @dataclass
@@ -23,27 +24,22 @@ class Operand:
     def block_scaled(self) -> torch.Tensor:
         """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input."""
         if self.decoded is None:
-            self.decoded = decode_block_scaled(self.codes, self.scales)
+            self.decoded = run_decode_block_scaled(self.codes, self.scales)
         return self.decoded
 
 
-def quantize_46(x: torch.Tensor, amax: torch.Tensor, *, block: str, err_mode: str, scale_bound: int,
+def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOverSixRecipe,
                 decode: bool) -> tuple[Operand, torch.Tensor]:
-    """Four-over-six quantize (fused with the bf16 decode when the emulated GEMM will need it); returns the
-    operand and the map-to-4 mask."""
-    x = x.contiguous()
-    if decode:
-        decoded, blocks = four_over_six_quantize_decode(x, amax, block=block, err_mode=err_mode,
-                                                        scale_bound=scale_bound)
-        return Operand(blocks.codes, blocks.scales, decoded), blocks.map4
-    blocks = four_over_six_quantize(x, amax, block=block, err_mode=err_mode, scale_bound=scale_bound)
-    return Operand(blocks.codes, blocks.scales), blocks.map4
+    """Four-over-six quantize with the recipe's knobs (fused with the bf16 decode when the emulated GEMM will
+    need it); returns the operand and the map-to-4 mask."""
+    codes, scales, map4, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode,
+                                                     recipe.scale_bound, recipe.quantizer, decode)
+    return Operand(codes, scales, decoded), map4
 
 
-def quantize_standard(x: torch.Tensor, amax: torch.Tensor) -> Operand:
+def quantize_standard(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe) -> Operand:
     """Standard NVFP4 (B=448, 1x16): the gradient operand of the quantized backward."""
-    blocks = nvfp4_quantize(x.contiguous(), amax)
-    return Operand(blocks.codes, blocks.scales)
+    return Operand(*run_nvfp4(x.contiguous(), amax, recipe.quantizer))
 
 
 def pad_rows(x: torch.Tensor, multiple: int = BLOCK_SIZE) -> torch.Tensor:

@@ -1,37 +1,50 @@
-"""FourOverSixRecipe: the knobs of the numerics spec for the four-over-six GEMMs, validated once at construction."""
+"""FourOverSixRecipe: every knob of the four-over-six GEMMs, in one place, checked once at construction.
 
-from dataclasses import dataclass
+The TOML sections of the torchtitan integration derive their fields and defaults from this dataclass
+(`KNOBS`), so a knob is declared, documented and validated here only. Modules store a recipe resolved for
+their GEMM kind (`resolve`: backward never "auto"); the hot path passes it to the custom ops as its `key`
+string and never validates it again.
+"""
 
+import functools
+from dataclasses import dataclass, field, fields, replace
+
+from ..dispatch.backend import QUANTIZERS
 from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
 
 ACTIVATION_SCALINGS = ("tensor", "row")
 BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
+GEMMS = ("auto", "emulated", "fp4")
 
 
-def _check(name: str, value, valid) -> None:
-    check_choice(f"FourOverSixRecipe.{name}", value, valid)
+def _knob(default, valid, doc: str):
+    return field(default=default, metadata={"valid": valid, "doc": doc})
 
 
 @dataclass(frozen=True, kw_only=True)
 class FourOverSixRecipe:
-    """How a four-over-six GEMM quantizes (see shared/spec/numerics.md, 'Knobs and their defaults').
+    """How a four-over-six GEMM quantizes and where it runs (docs/numerics.md, docs/ops.md)."""
 
-    backward="auto" resolves per the spec: "quantized" for per-tensor dense GEMMs, "high_precision" for
-    row-scaled activations and for grouped (MoE) GEMMs; use `resolved_backward(grouped)`.
-    """
-
-    err_mode: str = "mse"
-    scale_bound: int = 256
-    weight_block: str = "16x16"
-    activation_scaling: str = "tensor"
-    backward: str = "auto"
+    err_mode: str = _knob("mse", ERR_MODES, "Candidate choice per block between map-to-6 and map-to-4: 'mse' or "
+                                            "'mae' error.")
+    scale_bound: int = _knob(256, SCALE_BOUNDS, "Largest block scale B: 256 (four-over-six) or 448 (E4M3 max).")
+    weight_block: str = _knob("16x16", BLOCKS, "Weight quantization tile: '16x16' (one quantization serves W and "
+                                               "W^T) or '1x16'.")
+    activation_scaling: str = _knob("tensor", ACTIVATION_SCALINGS, "Activation amax granularity: 'tensor' (per "
+                                    "token group for experts) or 'row' (per token).")
+    backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
+                          "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
+                          "row-scaled activations and routed experts).")
+    quantizer: str = _knob("auto", QUANTIZERS, "Quantizer implementation (same bytes): 'auto' (Triton on CUDA, "
+                           "the reference elsewhere), 'triton' (required) or 'reference' (pure PyTorch); the "
+                           "environment variable TITAN_FP4SIX_QUANTIZER overrides it.")
+    gemm: str = _knob("auto", GEMMS, "GEMM implementation: 'auto' (real NVFP4 GEMMs on Blackwell where they "
+                      "apply, emulated elsewhere), 'emulated' or 'fp4' (required: Blackwell); "
+                      "TITAN_FP4SIX_EMULATE=1 overrides it with 'emulated'.")
 
     def __post_init__(self):
-        _check("err_mode", self.err_mode, ERR_MODES)
-        _check("scale_bound", self.scale_bound, SCALE_BOUNDS)
-        _check("weight_block", self.weight_block, BLOCKS)
-        _check("activation_scaling", self.activation_scaling, ACTIVATION_SCALINGS)
-        _check("backward", self.backward, BACKWARDS)
+        for f in fields(self):
+            check_choice(f"FourOverSixRecipe.{f.name}", getattr(self, f.name), f.metadata["valid"])
         if self.backward == "quantized" and self.activation_scaling == "row":
             raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with activation_scaling='row' "
                              "(per-row scales do not transpose); use backward='high_precision' or 'dequantized', "
@@ -49,3 +62,24 @@ class FourOverSixRecipe:
         if self.backward != "auto":
             return self.backward
         return "high_precision" if grouped or self.row_scaled else "quantized"
+
+    def resolve(self, grouped: bool) -> "FourOverSixRecipe":
+        """This recipe with `backward` resolved for a dense or grouped GEMM (what modules store)."""
+        backward = self.resolved_backward(grouped)
+        return self if backward == self.backward else replace(self, backward=backward)
+
+    @property
+    def key(self) -> str:
+        """The recipe as one string (knob values in field order), the form the custom ops take."""
+        return ",".join(str(getattr(self, f.name)) for f in fields(self))
+
+
+KNOBS = tuple(fields(FourOverSixRecipe))
+"""The recipe's knobs (dataclass fields with metadata "valid" and "doc"): what the TOML sections derive from."""
+
+
+@functools.cache
+def recipe_from_key(key: str) -> FourOverSixRecipe:
+    """Inverse of FourOverSixRecipe.key (cached: the hot path parses each distinct recipe once)."""
+    values = key.split(",")
+    return FourOverSixRecipe(**{f.name: f.type(v) for f, v in zip(KNOBS, values)})

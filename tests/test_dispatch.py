@@ -1,0 +1,125 @@
+"""The dispatch layer: the public quantizers are opaque custom ops under torch.compile (compiled code gets the
+eager bytes), fake implementations agree with the real ones, and the `quantizer` choice is honoured."""
+
+import pytest
+import torch
+
+from titan_fp4six import dispatch
+from titan_fp4six.dispatch import QUANTIZER_ENV
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
+
+
+def _inputs(row_scaled, nan=True, rows=32, cols=64, device="cpu"):
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).to(device)
+    if nan:
+        x[3, 5] = float("nan")
+    return x, dispatch.row_amax(x) if row_scaled else dispatch.tensor_amax(x)
+
+
+@pytest.mark.parametrize("row_scaled", [False, True])
+def test_opcheck(row_scaled):
+    x, amax = _inputs(row_scaled, nan=False)  # opcheck compares with assert_close, for which NaN != NaN
+    ops = torch.ops.titan_fp4six
+    torch.library.opcheck(ops.four_over_six_quantize, (x, amax, "1x16", "mae", 448, "auto"))
+    torch.library.opcheck(ops.four_over_six_quantize_decode, (x, amax, "1x16", "mse", 256, "auto"))
+    torch.library.opcheck(ops.nvfp4_quantize, (x, amax, "auto"))
+
+
+def _quantize_all(row_scaled):
+    def fn(x, amax):
+        dec, blocks = dispatch.four_over_six_quantize_decode(x * 2, amax * 2)
+        tile = dispatch.four_over_six_quantize(x, amax, block="1x16" if row_scaled else "16x16", err_mode="mae",
+                                               scale_bound=448)
+        std = dispatch.nvfp4_quantize(x, amax)
+        return dec, blocks.codes, blocks.scales, blocks.map4, tile.codes, tile.scales, tile.map4, std.codes, std.scales
+
+    return fn
+
+
+def _assert_same_bytes(got_all, want_all):
+    for got, want in zip(got_all, want_all, strict=True):
+        assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("row_scaled", [False, True])
+def test_compiled_graph_calls_the_custom_ops(row_scaled):
+    """Dynamo records the quantizers as the opaque custom ops (not the reference's arithmetic), and the
+    compiled function gives the eager bytes."""
+    x, amax = _inputs(row_scaled)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    fn = _quantize_all(row_scaled)
+    torch._dynamo.reset()
+    _assert_same_bytes(torch.compile(fn, fullgraph=True, backend=backend)(x, amax), fn(x, amax))
+    assert {"titan_fp4six.four_over_six_quantize.default", "titan_fp4six.four_over_six_quantize_decode.default",
+            "titan_fp4six.nvfp4_quantize.default"} <= set(seen)
+    assert not any("abs" in s or "where" in s for s in seen), seen  # no reference arithmetic traced
+
+
+@pytest.mark.parametrize("row_scaled", [False, True])
+def test_inductor_same_bytes_as_eager_cpu(row_scaled):
+    x, amax = _inputs(row_scaled)
+    fn = _quantize_all(row_scaled)
+    torch._dynamo.reset()
+    _assert_same_bytes(torch.compile(fn, fullgraph=True)(x, amax), fn(x, amax))
+
+
+@CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_scaled", [False, True])
+def test_inductor_same_bytes_as_eager_cuda(row_scaled):
+    """On CUDA, Inductor's own code for the reference gave other bytes (16384x7168 bf16, 1x16, mse, 256);
+    through the custom ops the compiled function runs the eager kernels."""
+    x, amax = _inputs(row_scaled, rows=4096, cols=7168, device="cuda")
+    fn = _quantize_all(row_scaled)
+    torch._dynamo.reset()
+    _assert_same_bytes(torch.compile(fn, fullgraph=True)(x, amax), fn(x, amax))
+
+
+def test_fake_implementation_rejects_bad_knobs():
+    x, amax = _inputs(False)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, famax = mode.from_tensor(x), mode.from_tensor(amax)
+        codes, scales, map4 = torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "1x16", "mse", 256, "auto")
+        assert codes.shape == (32, 32) and scales.shape == (32, 4) and scales.dtype == torch.float8_e4m3fn
+        with pytest.raises(ValueError, match="block"):
+            torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "8x8", "mse", 256, "auto")
+
+
+def test_quantizer_knob_is_checked_and_triton_needs_cuda(monkeypatch):
+    x, amax = _inputs(False)
+    with pytest.raises(ValueError, match="quantizer='cuda' is not supported; valid values: 'auto', 'triton'"):
+        dispatch.four_over_six_quantize(x, amax, quantizer="cuda")
+    with pytest.raises(ValueError, match="quantizer='triton' needs CUDA tensors"):
+        dispatch.four_over_six_quantize(x, amax, quantizer="triton")
+    monkeypatch.setenv(QUANTIZER_ENV, "triton")  # the override wins over the knob
+    with pytest.raises(ValueError, match="needs CUDA"):
+        dispatch.nvfp4_quantize(x, amax, quantizer="reference")
+    monkeypatch.setenv(QUANTIZER_ENV, "fast")
+    with pytest.raises(ValueError, match=f"{QUANTIZER_ENV}='fast' is not supported"):
+        dispatch.nvfp4_quantize(x, amax)
+
+
+@CUDA
+@pytest.mark.gpu
+def test_quantizer_choice_on_cuda(monkeypatch, caplog):
+    """'reference' and 'triton' give the same bytes on CUDA, and each runs what it names."""
+    import logging
+
+    x, amax = _inputs(False, rows=256, cols=512, device="cuda")
+    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.dispatch.backend"):
+        ref = dispatch.four_over_six_quantize(x, amax, block="16x16", quantizer="reference")
+        fast = dispatch.four_over_six_quantize(x, amax, block="16x16", quantizer="triton")
+    _assert_same_bytes((ref.codes, ref.scales, ref.map4), (fast.codes, fast.scales, fast.map4))
+    strided = x.t()  # not a layout the kernel reads: 'triton' refuses, 'auto' falls back and says so
+    with pytest.raises(ValueError, match="does not take x"):
+        dispatch.four_over_six_quantize(strided, dispatch.tensor_amax(x), quantizer="triton")

@@ -1,0 +1,72 @@
+"""The package's imports run one way: numerics and kernels at the bottom (kernels may use only the formats),
+then dispatch, ops, modules, integration, and the entry points on top. Checked on the source: static imports
+(lazy ones inside functions too) and importlib calls, which must name their module as a literal."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "titan_fp4six"
+LAYERS = {"numerics": 0, "kernels": 0, "dispatch": 1, "ops": 2, "modules": 3, "integration": 4}
+TOP = 5  # the package root's modules (__init__, train) and any other subpackage (entry points)
+
+
+def _layer(parts: tuple[str, ...]) -> int:
+    return LAYERS.get(parts[0], TOP)
+
+
+def _is_dynamic_import(func: ast.expr) -> bool:
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("import_module", "__import__")
+
+
+def _imports(path: Path) -> list[tuple[str, ...]]:
+    """Every titan_fp4six module path this file imports, as tuples of parts below the package."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    found = []
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[:len(parts) - node.level]
+                mod = base + tuple((node.module or "").split(".")) if node.module else base
+                found += [mod + (a.name,) for a in node.names] if not node.module else [mod]
+            elif node.module and node.module.startswith("titan_fp4six"):
+                found.append(tuple(node.module.split(".")[1:]))
+        elif isinstance(node, ast.Import):
+            found += [tuple(a.name.split(".")[1:]) for a in node.names if a.name.startswith("titan_fp4six")]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
+            arg = node.args[0] if node.args else None
+            assert isinstance(arg, ast.Constant), f"{path}: importlib with a computed module name"
+            if arg.value.startswith("titan_fp4six."):
+                found.append(tuple(arg.value.split(".")[1:]))
+    return [f for f in found if f and f[0]]
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_a_layer_above_its_own(path):
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    own = _layer(parts)
+    for target in _imports(path):
+        assert _layer(target) <= own, f"{'.'.join(parts)} imports titan_fp4six.{'.'.join(target)} from a layer above"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "kernels").glob("*.py")), ids=lambda p: p.name)
+def test_kernels_import_only_the_formats(path):
+    for target in _imports(path):
+        assert target[0] == "kernels" or target[:2] == ("numerics", "formats"), target
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "numerics").glob("*.py")), ids=lambda p: p.name)
+def test_numerics_imports_nothing_above_it(path):
+    for target in _imports(path):
+        assert target[0] == "numerics", target
+
+
+def test_only_the_dispatch_layer_names_the_kernels():
+    users = {p.relative_to(PACKAGE).parts[0] for p in MODULES if any(t[0] == "kernels" for t in _imports(p))}
+    assert users <= {"kernels", "dispatch"}, users

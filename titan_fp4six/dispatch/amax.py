@@ -1,0 +1,44 @@
+"""FP32 amax per tensor, per row and per token group (real rows only), all without a host sync.
+
+max |x| is exact, so the Triton reductions and the reference agree bit for bit (NaN included); while
+torch.compile traces, the reference is traced (no kernel lookup inside a graph).
+"""
+
+import torch
+
+from ..numerics.reference import row_amax_reference, tensor_amax_reference
+from .backend import kernels_for
+
+
+def run_tensor_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+    """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates, 0 when empty)."""
+    if torch.compiler.is_compiling() or not x.numel() or not x.is_contiguous():
+        return tensor_amax_reference(x)
+    kernels = kernels_for(x, quantizer, "amax")
+    return kernels.tensor_amax(x) if kernels else tensor_amax_reference(x)
+
+
+def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+    """max |x| of each row of a 2-D tensor as an FP32 vector of length R."""
+    if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
+        return row_amax_reference(x)
+    kernels = kernels_for(x, quantizer, "amax")
+    return kernels.row_amax(x) if kernels else row_amax_reference(x)
+
+
+def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Group id of every row given inclusive group ends `offs`; rows at or past offs[-1] get len(offs)."""
+    positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
+    return torch.searchsorted(offs, positions, right=True)
+
+
+def run_group_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+    """max |x| over the rows of each token group (FP32, length E); rows past offs[-1] never reach a group and
+    empty groups get 0. `offs` holds inclusive group ends (int32, non-decreasing)."""
+    num_groups = offs.numel()
+    per_row = run_row_amax(x, quantizer)
+    idx = group_index(offs, x.shape[0]).long()
+    out = torch.zeros(num_groups + 1, dtype=torch.float32, device=x.device)
+    # Tail rows land in the extra bucket num_groups, which is dropped: garbage or NaN there never leaks.
+    out = out.scatter_reduce(0, idx, per_row, reduce="amax", include_self=True)
+    return out[:num_groups]

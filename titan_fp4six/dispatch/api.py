@@ -1,0 +1,123 @@
+"""Public quantize / decode / amax entry points: check the arguments, then run (docs/numerics.md).
+
+Eager calls run the kernel or the reference directly; while torch.compile traces they call the custom ops
+of library.py instead, so compiled code returns the eager bytes.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
+from ..numerics.validation import SCALE_BOUNDS, check_choice, check_quantize_args
+from . import amax as _amax
+from . import library
+from .backend import QUANTIZERS
+from .quantize import run_decode_block_scaled, run_dequantize, run_four_over_six, run_nvfp4
+
+
+@dataclass(frozen=True)
+class NVFP4Blocks:
+    """Quantized tensor in the plain NVFP4 layout; unpacks as `codes, scales`.
+
+    codes: uint8 (R, C/2), two E2M1 codes per byte (even element in the low nibble).
+    scales: float8_e4m3fn (R, C/16), one per 1x16 block (16x16 tiles repeat theirs over the tile's rows).
+    map4: bool (R, C/16), which blocks stored the map-to-4 candidate (None for standard NVFP4). It is
+    bookkeeping for metrics only: decoding never needs it.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    map4: torch.Tensor | None = None
+
+    def __iter__(self):
+        return iter((self.codes, self.scales))
+
+
+def _check(x, amax, block, err_mode, scale_bound, quantizer) -> bool:
+    """Check the arguments; returns whether torch.compile is tracing (then the values cannot be read)."""
+    tracing = torch.compiler.is_compiling()
+    check_choice("quantizer", quantizer, QUANTIZERS)
+    check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
+    return tracing
+
+
+def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
+                           scale_bound: int = 256, quantizer: str = "auto") -> NVFP4Blocks:
+    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax."""
+    if _check(x, amax, block, err_mode, scale_bound, quantizer):
+        return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer))
+    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=False)[:3])
+
+
+def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
+                                  err_mode: str = "mse", scale_bound: int = 256,
+                                  quantizer: str = "auto") -> tuple[torch.Tensor, NVFP4Blocks]:
+    """Quantize and return (exact bf16 block-scaled decode, NVFP4Blocks): what the emulated GEMMs consume.
+
+    On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
+    """
+    if _check(x, amax, block, err_mode, scale_bound, quantizer):
+        dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer)
+    else:
+        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=True)
+    return dec, NVFP4Blocks(codes, scales, map4)
+
+
+def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "auto") -> NVFP4Blocks:
+    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
+    if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer):
+        return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer))
+    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer))
+
+
+def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
+        got = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
+        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {got}")
+    rows, half = codes.shape
+    if half * 2 % BLOCK_SIZE:
+        raise ValueError(f"codes have {half} bytes per row ({half * 2} values); NVFP4 rows hold a multiple of "
+                         f"{BLOCK_SIZE} values, i.e. a multiple of {BLOCK_SIZE // 2} bytes")
+    if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float8_e4m3fn
+            or scales.shape != (rows, half * 2 // BLOCK_SIZE)):
+        got = f"{scales.dtype} {tuple(scales.shape)}" if isinstance(scales, torch.Tensor) else type(scales).__name__
+        raise TypeError(f"scales must be float8_e4m3fn of shape ({rows}, {half * 2 // BLOCK_SIZE}), got {got}")
+
+
+def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    """e2m1_value * f32(block scale) without the global factor; exact in bf16 (at most 6 significant bits)."""
+    _check_blocks(codes, scales)
+    return run_decode_block_scaled(codes, scales, dtype=dtype)
+
+
+def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, *, scale_bound: int,
+                     dtype=torch.float32) -> torch.Tensor:
+    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), in the requested dtype."""
+    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
+    _check_blocks(codes, scales)
+    rows = codes.shape[0]
+    if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.shape not in ((), (rows,)):
+        got = f"{amax.dtype} {tuple(amax.shape)}" if isinstance(amax, torch.Tensor) else type(amax).__name__
+        raise TypeError(f"amax must be float32 of shape () or ({rows},), got {got}")
+    return run_dequantize(codes, scales, amax, scale_bound, dtype)
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates). One read of x on CUDA."""
+    return _amax.run_tensor_amax(x)
+
+
+def row_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| of each row of a 2-D tensor as an FP32 vector of length R. One read of x on CUDA."""
+    if x.dim() != 2:
+        raise ValueError(f"row_amax needs a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
+    return _amax.run_row_amax(x)
+
+
+def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """max |x| over the rows of each token group (FP32, length E); rows past offs[-1] are never read into a
+    group, empty groups get 0. `offs` holds inclusive group ends (length E, int32, non-decreasing)."""
+    if x.dim() != 2:
+        raise ValueError(f"group_amax needs a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
+    return _amax.run_group_amax(x, offs)
