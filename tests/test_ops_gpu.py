@@ -26,8 +26,8 @@ def test_dense_cuda_matches_cpu(recipe):
     w = (torch.randn(128, 256, generator=g) * 0.05).bfloat16()
     dy = torch.randn(4, 75, 128, generator=g).bfloat16()
     fwd = torch.ops.titan_fp4six.dense_fwd
-    args = (recipe.err_mode, recipe.scale_bound, recipe.weight_block, recipe.row_scaled)
-    cpu_q, gpu_q = fwd(x.view(-1, 256), w, *args), fwd(x.view(-1, 256).cuda(), w.cuda(), *args)
+    key = recipe.resolve(grouped=False).key
+    cpu_q, gpu_q = fwd(x.view(-1, 256), w, key), fwd(x.view(-1, 256).cuda(), w.cuda(), key)
     for c, d in zip(cpu_q[1:], gpu_q[1:]):  # codes, scales, amax: bitwise
         assert torch.equal(c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c,
                            d.cpu().view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d.cpu())

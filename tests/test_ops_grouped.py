@@ -55,16 +55,14 @@ def test_forward_matches_float64_oracle(recipe):
 def test_equals_per_group_loop_of_the_dense_op(recipe):
     A, W, offs, dy = _inputs(1)
     out, dA, dW = _run(A, W, offs, dy, recipe)
-    fwd = torch.ops.titan_fp4six.grouped_fwd(A, W.transpose(-2, -1), offs, recipe.err_mode, recipe.scale_bound,
-                                             recipe.weight_block, recipe.row_scaled)
+    fwd = torch.ops.titan_fp4six.grouped_fwd(A, W.transpose(-2, -1), offs, recipe.resolve(grouped=True).key)
     dense_recipe = FourOverSixRecipe(activation_scaling=recipe.activation_scaling, backward=recipe.resolved_backward(True))
     for e, (s, t) in enumerate(_groups(offs)):
         if s == t:
             assert not dW[e].any()
             continue
         # identical quantization: the same codes and scales as the dense op on the group alone
-        dense = torch.ops.titan_fp4six.dense_fwd(A[s:t], W[e], recipe.err_mode, recipe.scale_bound,
-                                                 recipe.weight_block, recipe.row_scaled)
+        dense = torch.ops.titan_fp4six.dense_fwd(A[s:t], W[e], dense_recipe.key)
         assert torch.equal(fwd[1][s:t], dense[1]) and torch.equal(fwd[2][s:t].view(torch.uint8), dense[2].view(torch.uint8))
         assert torch.equal(fwd[4][e * N:(e + 1) * N], dense[4])
         # GEMM outputs up to the grouped GEMM's one extra bf16 rounding; grads up to accumulation order
