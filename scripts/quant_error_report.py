@@ -46,7 +46,7 @@ class QuantConfig:
 def default_configs() -> list[QuantConfig]:
     """Standard NVFP4 (per-tensor, per-row) and every valid four-over-six knob combination.
 
-    Row scaling is 1x16 only (a per-row amax is not uniform over a 16x16 tile), as the numerics spec requires.
+    Row scaling is 1x16 only (a per-row amax is not uniform over a 16x16 tile), as docs/numerics.md requires.
     """
     configs = [QuantConfig("nvfp4"), QuantConfig("nvfp4", scaling="row")]
     for scaling, block in (("tensor", "1x16"), ("tensor", "16x16"), ("row", "1x16")):

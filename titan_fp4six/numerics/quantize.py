@@ -1,4 +1,4 @@
-"""Public quantize / dequantize entry points: validate, then run the numerics of ../spec numerics.md."""
+"""Public quantize / dequantize entry points: validate, then run the numerics of docs/numerics.md."""
 
 from dataclasses import dataclass
 

@@ -14,7 +14,7 @@ def _check(name: str, value, valid) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class FourOverSixRecipe:
-    """How a four-over-six GEMM quantizes (see shared/spec/numerics.md, 'Knobs and their defaults').
+    """How a four-over-six GEMM quantizes (see docs/numerics.md, 'Knobs and defaults').
 
     backward="auto" resolves per the spec: "quantized" for per-tensor dense GEMMs, "high_precision" for
     row-scaled activations and for grouped (MoE) GEMMs; use `resolved_backward(grouped)`.
