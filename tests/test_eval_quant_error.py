@@ -1,16 +1,13 @@
 """Quantization-error report (scripts/quant_error_report.py) and tensor capture (scripts/capture_tensors.py)."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import capture_tensors as cap  # noqa: E402
-import quant_error_report as qer  # noqa: E402
+from scripts import capture_tensors as cap
+from scripts import quant_error_report as qer
 
 
 def _gauss(rows=128, cols=128, seed=0):
@@ -73,7 +70,7 @@ def test_synthetic_distributions_differ_in_tails():
 
 
 def test_summary_table_and_plots(tmp_path):
-    samples = qer.synthetic_samples(64, 64) + [qer.Sample("weight", "w", 3, _gauss(32, 32))]
+    samples = qer.synthetic_samples(64, 64) + [cap.Sample("weight", "w", 3, _gauss(32, 32))]
     configs = [qer.QuantConfig("nvfp4"), qer.QuantConfig("4/6", "tensor", "16x16", "mae", 256)]
     records = qer.evaluate(samples, configs)
     assert len(records) == len(samples) * len(configs)

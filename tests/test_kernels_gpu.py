@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from kernel_cases import KINDS, cases, compare, near_tie_case
+from tests.helpers.kernel_cases import KINDS, cases, compare, near_tie_case
 from titan_fp4six import numerics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -143,7 +143,7 @@ def test_every_fp32_magnitude_up_to_six(kq):
 
 def test_scalar_shortcuts_on_every_input():
     """e2m1_magic, e4m3_round, e4m3_byte and div6 against the reference on every FP32 they take."""
-    from rounding_kernels import FINITE, mismatches
+    from tests.helpers.rounding_kernels import FINITE, mismatches
     step = 1 << 26
     assert sum(mismatches(start, min(start + step, FINITE), 1, "cuda") for start in range(0, FINITE, step)) == 0
 
@@ -151,7 +151,7 @@ def test_scalar_shortcuts_on_every_input():
 def test_newton_inverse_scale_on_every_input():
     """The fast path's division-free inverse scale equals min(1 / b, FLT_MAX) for b = 0 and every b in
     [2^-100, 2^57], the range the fast path's setting gives it."""
-    from rounding_kernels import newton_inverse_mismatches
+    from tests.helpers.rounding_kernels import newton_inverse_mismatches
     lo, hi = (int(torch.tensor(2.0 ** e).view(torch.int32)) for e in (-100, 57))
     step = 1 << 26
     assert newton_inverse_mismatches(0, 1) == 0

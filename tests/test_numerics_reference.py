@@ -1,5 +1,5 @@
 """The vectorized reference against the spec: hand-made vectors per rounding rule, and a byte-for-byte
-comparison with the independent scalar oracle (tests/spec_oracle.py) on sweeps of shapes, dtypes, knobs and
+comparison with the independent scalar oracle (tests/helpers/spec_oracle.py) on sweeps of shapes, dtypes, knobs and
 edge data."""
 
 import itertools
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import spec_oracle as oracle
+from tests.helpers import spec_oracle as oracle
 from titan_fp4six import (four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax)
 from titan_fp4six.numerics.formats import e2m1_encode, pack_codes, unpack_codes
 from titan_fp4six.numerics.reference import _tile_error, global_encode_scale
