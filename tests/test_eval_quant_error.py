@@ -1,5 +1,6 @@
 """Quantization-error report (scripts/quant_error_report.py) and tensor capture (scripts/capture_tensors.py)."""
 
+import itertools
 import math
 
 import pytest
@@ -8,18 +9,31 @@ from torch import nn
 
 from scripts import capture_tensors as cap
 from scripts import quant_error_report as qer
+from titan_fp4six import four_over_six_quantize
+from titan_fp4six.numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS
 
 
 def _gauss(rows=128, cols=128, seed=0):
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
 
 
-def test_configs_are_the_valid_knob_grid():
-    configs = qer.default_configs()
-    labels = [c.label for c in configs]
-    assert len(set(labels)) == len(labels) == 2 + 3 * 2 * 2
-    assert not any(c.scaling == "row" and c.block == "16x16" for c in configs)  # per-row amax is 1x16 only
-    assert {c.method for c in configs} == {"nvfp4", "4/6"}
+def test_configs_are_every_knob_setting_the_quantizer_accepts():
+    """The report's grid against the library: each knob combination the public quantizer accepts (a per-row amax
+    that varies inside a 16-row tile is refused with 16x16) is listed once, and nothing it refuses is."""
+    x = _gauss(32, 32)
+    accepted = set()
+    for scaling, block, err_mode, bound in itertools.product(("tensor", "row"), BLOCKS, ERR_MODES, SCALE_BOUNDS):
+        try:
+            four_over_six_quantize(x, qer.amax_for(x, scaling), block=block, err_mode=err_mode, scale_bound=bound)
+        except ValueError:
+            continue
+        accepted.add(("4/6", scaling, block, err_mode, bound))
+    assert ("4/6", "row", "16x16", "mse", 256) not in accepted and len(accepted) > len(SCALE_BOUNDS)
+    accepted |= {("nvfp4", scaling, "1x16", "mse", 448) for scaling in ("tensor", "row")}
+    configs = [(c.method, c.scaling, c.block, c.err_mode, c.scale_bound) for c in qer.default_configs()]
+    assert len(configs) == len(set(configs)) and set(configs) == accepted
+    labels = [c.label for c in qer.default_configs()]
+    assert len(set(labels)) == len(labels)
 
 
 def test_relative_mse_definition():
