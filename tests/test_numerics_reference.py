@@ -1,4 +1,4 @@
-"""The vectorized reference against the spec: hand-made vectors per rounding rule, and a byte-for-byte
+"""The vectorized reference against docs/numerics.md: hand-made vectors per rounding rule, and a byte-for-byte
 comparison with the independent scalar oracle (tests/helpers/spec_oracle.py) on sweeps of shapes, dtypes, knobs and
 edge data."""
 
