@@ -17,7 +17,7 @@ import argparse
 import torch
 import triton
 
-from titan_fp4six import dispatch as numerics
+from titan_fp4six import dispatch
 from titan_fp4six.kernels import amax as kamax
 from titan_fp4six.kernels import quantize as kq
 from titan_fp4six.numerics import reference
@@ -57,7 +57,7 @@ def _same(a, b) -> bool:
 
 def run_case(rows, cols, mode, block, rep_ms, rounds):
     x = torch.randn(rows, cols, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
-    amax = numerics.row_amax(x) if mode == "row" else numerics.tensor_amax(x)
+    amax = dispatch.row_amax(x) if mode == "row" else dispatch.tensor_amax(x)
     n = rows * cols
     quant_bytes = n * 2 + n // 2 + 2 * (n // 16)  # read bf16 x; write codes, scales, map4 (amax is negligible)
     dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
@@ -99,7 +99,7 @@ def exact_path_cost(rep_ms):
     """The worst case: data outside the fast path's range (an amax so small that every chunk runs the exact
     arithmetic) against the same tensor's fast path."""
     x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
-    amax = numerics.tensor_amax(x)
+    amax = dispatch.tensor_amax(x)
     fast = _ms(lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256), rep_ms)
     tiny = torch.tensor(1e-30, device="cuda")
     slow = _ms(lambda: kq.four_over_six_quantize(x, tiny, "1x16", "mse", 256), rep_ms)

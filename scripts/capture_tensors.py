@@ -13,12 +13,24 @@ import contextlib
 import copy
 import sys
 import time
+from dataclasses import dataclass
 from itertools import islice
 
 import torch
 from torch import nn
 
-from quant_error_report import BLOCK, Sample
+BLOCK = 16
+
+
+@dataclass
+class Sample:
+    """A 2-D tensor to quantize. `group_rows` > 0: rows come in groups (experts) with one amax each."""
+
+    source: str  # e.g. "gaussian", "activation", "weight", "gradient"
+    name: str
+    step: int
+    x: torch.Tensor
+    group_rows: int = 0
 
 
 def _rows(x: torch.Tensor, max_rows: int) -> torch.Tensor | None:

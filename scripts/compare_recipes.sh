@@ -15,4 +15,4 @@ for name in $RECIPES; do
     --job.dump_folder "${TMPDIR:-/tmp}/compare_recipes/$name" > "$LOG_DIR/$name.log" 2>&1 || echo "$name exited with $?"
   grep -E "step: *[0-9]+ " "$LOG_DIR/$name.log" | tail -n 2
 done
-python3 scripts/summarize_runs.py "$LOG_DIR"/*.log | tee "$LOG_DIR/summary.txt"
+python3 -m scripts.summarize_runs "$LOG_DIR"/*.log | tee "$LOG_DIR/summary.txt"

@@ -26,17 +26,17 @@ DS_448="--quantize.linear.four_over_six.scale_bound 448 --quantize.linear.four_o
 DS_448="$DS_448 --quantize.grouped_mm.four_over_six.scale_bound 448 --quantize.grouped_mm.four_over_six.weight_block 1x16"
 QW_448="--quantize.grouped_mm.four_over_six.scale_bound 448"
 
-python3 scripts/loss_curves.py --name deepseek_v3 --out "$RESULTS/loss" --steps "$STEPS" --parallel \
+python3 -m scripts.loss_curves --name deepseek_v3 --out "$RESULTS/loss" --steps "$STEPS" --parallel \
   --timeout "$LOSS_TIMEOUT" --run "bf16=${DS}_bf16.toml" --run "4/6=${DS}_nvfp4_four_over_six.toml" \
   --run "4/6 B448 1x16=${DS}_nvfp4_four_over_six.toml $DS_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_deepseek.txt" 2>&1 &
-python3 scripts/loss_curves.py --name qwen3_moe --out "$RESULTS/loss" --steps "$STEPS" --parallel \
+python3 -m scripts.loss_curves --name qwen3_moe --out "$RESULTS/loss" --steps "$STEPS" --parallel \
   --timeout "$LOSS_TIMEOUT" --run "bf16=${QW}_bf16.toml" --run "4/6=${QW}_nvfp4_four_over_six.toml" \
   --run "4/6 B448=${QW}_nvfp4_four_over_six.toml $QW_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_qwen3.txt" 2>&1 &
-timeout "$LOSS_TIMEOUT" python3 scripts/quant_error_report.py --out "$RESULTS/qerr" --steps 30 --capture-steps 1,15,30 --batch 4 \
+timeout "$LOSS_TIMEOUT" python3 -m scripts.quant_error_report --out "$RESULTS/qerr" --steps 30 --capture-steps 1,15,30 --batch 4 \
   --seq-len 512 --max-rows 1024 > "$RESULTS/qerr.txt" 2>&1 &
 wait
 
-python3 scripts/throughput.py --out "$RESULTS/throughput" --steps 20 --warmup 8 --budget "$TP_BUDGET" \
+python3 -m scripts.throughput --out "$RESULTS/throughput" --steps 20 --warmup 8 --budget "$TP_BUDGET" \
   --run "bf16=${QW}_bf16.toml" --run "4/6 experts=${QW}_nvfp4_four_over_six.toml" \
   -- --model.flavor 30B-A3B-4layers --experimental.custom_import titan_fp4six.integration.flavors --training.local_batch_size 4 --training.seq_len 2048 \
   > "$RESULTS/throughput.txt" 2>&1

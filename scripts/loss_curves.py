@@ -1,10 +1,10 @@
 """Loss curves: train a recipe next to its bf16 twin (same seed, same data order) and plot the gap.
 
-    python scripts/loss_curves.py --name deepseek_v3 --out docs --steps 300 \\
+    python -m scripts.loss_curves --name deepseek_v3 --out docs --steps 300 \\
         --run "bf16=configs/deepseek_v3_debugmodel_bf16.toml" \\
         --run "4/6=configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml" \\
         [--parallel] [--timeout 600] [-- --training.seq_len 1024 ...common overrides]
-    python scripts/loss_curves.py --name deepseek_v3 --out docs --plot-only   # re-plot from <name>_loss.json
+    python -m scripts.loss_curves --name deepseek_v3 --out docs --plot-only   # re-plot from <name>_loss.json
 
 The first --run is the baseline every gap is taken against. Each run is `python -m titan_fp4six.train` with
 `--training.steps N --metrics.log_freq 1 --debug.seed 0` added; torchtitan's data loader does not shuffle, so
@@ -21,8 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_runs import Run, parse_steps, runs_parser, start, wait  # noqa: E402
+from scripts.titan_runs import Run, parse_steps, runs_parser, start, wait
 
 TAIL = 20  # steps averaged for the final-loss gap (a single step's loss is noisy)
 

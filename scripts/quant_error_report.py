@@ -4,8 +4,8 @@ Why: users choose the four-over-six knobs (err_mode, scale_bound, weight block, 
 what each costs in accuracy; this measures it on synthetic distributions and on activations, weights and output
 gradients captured with hooks from a short training run of torchtitan's debug MoE models.
 
-    python scripts/quant_error_report.py --out docs            # markdown table on stdout, PNGs and JSON in docs/
-    python scripts/quant_error_report.py --no-capture --out /tmp/r   # synthetic distributions only (seconds)
+    python -m scripts.quant_error_report --out docs          # markdown table on stdout, PNGs and JSON in docs/
+    python -m scripts.quant_error_report --no-capture --out /tmp/r  # synthetic distributions only (seconds)
 
 relative MSE = sum((dequant(quant(x)) - x)^2) / sum(x^2), per tensor, then averaged over the tensors of a source.
 Every quantization goes through the public numerics API (bit-exact reference quantizers).
@@ -20,9 +20,8 @@ from pathlib import Path
 
 import torch
 
+from scripts.capture_tensors import BLOCK, Sample, capture_training_tensors
 from titan_fp4six import four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-
-BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class QuantConfig:
 def default_configs() -> list[QuantConfig]:
     """Standard NVFP4 (per-tensor, per-row) and every valid four-over-six knob combination.
 
-    Row scaling is 1x16 only (a per-row amax is not uniform over a 16x16 tile), as the numerics spec requires.
+    Row scaling is 1x16 only (a per-row amax is not uniform over a 16x16 tile), as docs/numerics.md requires.
     """
     configs = [QuantConfig("nvfp4"), QuantConfig("nvfp4", scaling="row")]
     for scaling, block in (("tensor", "1x16"), ("tensor", "16x16"), ("row", "1x16")):
@@ -54,17 +53,6 @@ def default_configs() -> list[QuantConfig]:
             for bound in (256, 448):
                 configs.append(QuantConfig("4/6", scaling, block, err_mode, bound))
     return configs
-
-
-@dataclass
-class Sample:
-    """A 2-D tensor to quantize. `group_rows` > 0: rows come in groups (experts) with one amax each."""
-
-    source: str  # e.g. "gaussian", "activation", "weight", "gradient"
-    name: str
-    step: int
-    x: torch.Tensor
-    group_rows: int = 0
 
 
 def amax_for(x: torch.Tensor, scaling: str, group_rows: int = 0) -> torch.Tensor:
@@ -216,8 +204,6 @@ def main(argv=None) -> None:
     samples = synthetic_samples(args.synthetic_size, args.synthetic_size)
     meta = {"synthetic_shape": [args.synthetic_size] * 2, "torch": torch.__version__}
     if not args.no_capture:
-        from capture_tensors import capture_training_tensors  # scripts/ sibling; imports torchtitan
-
         capture_steps = [int(s) for s in args.capture_steps.split(",")]
         for spec in args.models.split(","):
             name, flavor = spec.split(":")
@@ -239,5 +225,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

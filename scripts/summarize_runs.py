@@ -2,15 +2,14 @@
 
 Why: the bf16 twin of each recipe (same model, data, schedule and seed) is the baseline; ratios measured in the
 same invocation on the same machine are the only speed figures worth quoting. The twin of `X_nvfp4_...` is the
-log named `X_bf16`. Usage: python scripts/summarize_runs.py LOG... [--skip 10]
+log named `X_bf16`. Usage: python -m scripts.summarize_runs LOG... [--skip 10]
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_runs import parse_steps  # noqa: E402
+from scripts.titan_runs import parse_steps
 
 
 def parse(path: Path) -> dict[int, tuple[float, float, float]]:

@@ -1,10 +1,10 @@
 """End-to-end training throughput and peak memory of bf16 vs four-over-six recipes, eager and compiled, as ratios.
 
-    python scripts/throughput.py --out docs --steps 25 --warmup 10 \\
+    python -m scripts.throughput --out docs --steps 25 --warmup 10 \\
         --run "bf16=configs/qwen3_moe_debug_bf16.toml" \\
         --run "4/6 experts=configs/qwen3_moe_debug_nvfp4_four_over_six.toml" \\
         -- --model.flavor 30B-A3B-4layers --experimental.custom_import titan_fp4six.integration.flavors --training.local_batch_size 4 --training.seq_len 2048
-    python scripts/throughput.py --out docs --plot-only
+    python -m scripts.throughput --out docs --plot-only
 
 Every run trains `--steps` steps through `python -m titan_fp4six.train` (one at a time, so runs do not share the
 GPU), eager and then with `--compile.enable` (`--modes eager` or `--modes compiled` for one). tokens/s is the
@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_runs import Run, parse_steps, runs_parser, start, wait  # noqa: E402
+from scripts.titan_runs import Run, parse_steps, runs_parser, start, wait
 
 MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
 

@@ -19,22 +19,20 @@ the debug recipe: 5.3e-4, see docs/distributed.md).
 """
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import parity_runs
 
-import parity_runs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = 4
 ARGS = ["--job.config_file", "configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml", "--model.flavor",
         "tiny", "--training.seq_len", "64", "--training.mixed_precision_param", "float32",
         "--lr_scheduler.warmup_steps", "1"]
 FSDP_EP = ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"]
-ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "OMP_NUM_THREADS": "1"}  # 3 single-threaded processes share CI's 2 cores better than oversubscribed ones
 
 
@@ -44,13 +42,13 @@ def _scaling(mode: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
-    return parity_runs.seed_checkpoint([*ARGS, "--experimental.custom_import", "parity_models"],
+    return parity_runs.seed_checkpoint([*ARGS, "--experimental.custom_import", "tests.helpers.parity_models"],
                                        tmp_path_factory.mktemp("seed"), env=ENV)
 
 
 def _compare(seed, tmp_path, scaling):
     result = parity_runs.compare([*ARGS, *_scaling(scaling)], FSDP_EP, nproc=2, global_batch=4, steps=STEPS,
-                                 out=tmp_path, custom_import="parity_models", seed=seed, env=ENV)
+                                 out=tmp_path, custom_import="tests.helpers.parity_models", seed=seed, env=ENV)
     assert sorted(result.losses_1) == sorted(result.losses_n) == list(range(1, STEPS + 1))
     return result
 

@@ -1,28 +1,39 @@
 """Quantization-error report (scripts/quant_error_report.py) and tensor capture (scripts/capture_tensors.py)."""
 
+import itertools
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import capture_tensors as cap  # noqa: E402
-import quant_error_report as qer  # noqa: E402
+from scripts import capture_tensors as cap
+from scripts import quant_error_report as qer
+from titan_fp4six import four_over_six_quantize
+from titan_fp4six.numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS
 
 
 def _gauss(rows=128, cols=128, seed=0):
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
 
 
-def test_configs_are_the_valid_knob_grid():
-    configs = qer.default_configs()
-    labels = [c.label for c in configs]
-    assert len(set(labels)) == len(labels) == 2 + 3 * 2 * 2
-    assert not any(c.scaling == "row" and c.block == "16x16" for c in configs)  # per-row amax is 1x16 only
-    assert {c.method for c in configs} == {"nvfp4", "4/6"}
+def test_configs_are_every_knob_setting_the_quantizer_accepts():
+    """The report's grid against the library: each knob combination the public quantizer accepts (a per-row amax
+    that varies inside a 16-row tile is refused with 16x16) is listed once, and nothing it refuses is."""
+    x = _gauss(32, 32)
+    accepted = set()
+    for scaling, block, err_mode, bound in itertools.product(("tensor", "row"), BLOCKS, ERR_MODES, SCALE_BOUNDS):
+        try:
+            four_over_six_quantize(x, qer.amax_for(x, scaling), block=block, err_mode=err_mode, scale_bound=bound)
+        except ValueError:
+            continue
+        accepted.add(("4/6", scaling, block, err_mode, bound))
+    assert ("4/6", "row", "16x16", "mse", 256) not in accepted and len(accepted) > len(SCALE_BOUNDS)
+    accepted |= {("nvfp4", scaling, "1x16", "mse", 448) for scaling in ("tensor", "row")}
+    configs = [(c.method, c.scaling, c.block, c.err_mode, c.scale_bound) for c in qer.default_configs()]
+    assert len(configs) == len(set(configs)) and set(configs) == accepted
+    labels = [c.label for c in qer.default_configs()]
+    assert len(set(labels)) == len(labels)
 
 
 def test_relative_mse_definition():
@@ -73,7 +84,7 @@ def test_synthetic_distributions_differ_in_tails():
 
 
 def test_summary_table_and_plots(tmp_path):
-    samples = qer.synthetic_samples(64, 64) + [qer.Sample("weight", "w", 3, _gauss(32, 32))]
+    samples = qer.synthetic_samples(64, 64) + [cap.Sample("weight", "w", 3, _gauss(32, 32))]
     configs = [qer.QuantConfig("nvfp4"), qer.QuantConfig("4/6", "tensor", "16x16", "mae", 256)]
     records = qer.evaluate(samples, configs)
     assert len(records) == len(samples) * len(configs)

@@ -1,15 +1,9 @@
 """Loss-curve and throughput scripts (log parsing, gaps, ratios) and the benchmark flavor."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import loss_curves  # noqa: E402
-import throughput  # noqa: E402
-import titan_runs  # noqa: E402
+from scripts import loss_curves, throughput, titan_runs
 
 STEP_LINE = ("[titan] 2026-11-30 05:13:41,183 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:8.5f}  "
              "\x1b[38;2;180;60;0mgrad_norm:  1.5492  \x1b[38;2;54;234;195mmemory: {mem:5.2f}GiB(4.72%)  "

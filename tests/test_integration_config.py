@@ -7,7 +7,7 @@ from torchtitan.config import JobConfig as TorchtitanJobConfig
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.protocols.model_converter import build_model_converters
 
-from integration_helpers import CONFIG_MODULE, job_config
+from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
 from titan_fp4six.integration.converters import fqn_matches
 from titan_fp4six.modules import GROUP_ALIGN
 from titan_fp4six.ops import FourOverSixRecipe

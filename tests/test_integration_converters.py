@@ -8,7 +8,7 @@ from torch import nn
 from torchtitan.models.moe.moe import FeedForward, GroupedExperts
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
-from integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
+from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts
 

@@ -9,7 +9,7 @@ import torch
 from torchtitan.components.metrics import BaseLogger, DeviceMemStats, MetricsProcessor
 from torchtitan.tools.utils import NoColor
 
-from integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
+from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.integration import metrics
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts

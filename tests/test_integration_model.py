@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
+from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.ops import MAP4_STATS
 

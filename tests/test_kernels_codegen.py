@@ -1,4 +1,4 @@
-"""The quantizer kernel's generated code pins the spec's rounding: compiled ahead of time for Hopper (sm_90)
+"""The quantizer kernel's generated code pins the rounding of docs/numerics.md: compiled ahead of time for Hopper (sm_90)
 on the CPU, its PTX never contracts a*b + c into an FMA (enable_fp_fusion=False; the only FMAs are the explicit
 ones of the four-over-six error estimate and its bounds, and of the division-free roundings div6 and
 _newton_inverse_scale, each proven or checked on every input) and every FP32 division is the correctly

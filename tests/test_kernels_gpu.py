@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from kernel_cases import KINDS, cases, compare, near_tie_case
-from titan_fp4six import dispatch as numerics
+from tests.helpers.kernel_cases import KINDS, cases, compare, near_tie_case
+from titan_fp4six import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -53,13 +53,13 @@ def test_rows_not_16_byte_aligned(kq, dtype, offset):
     x = torch.randn(48, 272 + 2 * offset, device="cuda").to(dtype)[:, offset:offset + 272]
     assert x.data_ptr() % 16 and kq.eligible(x)
     for block in ("1x16", "16x16"):
-        assert compare(kq, x, numerics.tensor_amax(x), block, "mse", 256) == []
+        assert compare(kq, x, dispatch.tensor_amax(x), block, "mse", 256) == []
 
 
 def test_large_random_matches_and_is_deterministic(kq):
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(1024, 7168, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
-    for amax, block in ((numerics.tensor_amax(x), "16x16"), (numerics.row_amax(x), "1x16")):
+    for amax, block in ((dispatch.tensor_amax(x), "16x16"), (dispatch.row_amax(x), "1x16")):
         assert compare(kq, x, amax, block, "mse", 256) == []
         first = kq.four_over_six_quantize_decode(x, amax, block, "mse", 256)
         again = kq.four_over_six_quantize_decode(x, amax, block, "mse", 256)
@@ -69,18 +69,18 @@ def test_large_random_matches_and_is_deterministic(kq):
 
 def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
-    amax = numerics.tensor_amax(x)
+    amax = dispatch.tensor_amax(x)
     calls = []
     real = kq._launch
     monkeypatch.setattr(kq, "_launch", lambda *a, **k: calls.append(k) or real(*a, **k))
-    fast = numerics.four_over_six_quantize(x, amax, block="16x16")
-    dec, _ = numerics.four_over_six_quantize_decode(x, amax)
-    numerics.nvfp4_quantize(x, amax)
+    fast = dispatch.four_over_six_quantize(x, amax, block="16x16")
+    dec, _ = dispatch.four_over_six_quantize_decode(x, amax)
+    dispatch.nvfp4_quantize(x, amax)
     assert len(calls) == 3
     # A column-strided view is not taken by the kernel: the reference runs (logged) with the same bytes.
     xt = x.t().contiguous().t()
     with caplog.at_level(logging.DEBUG, logger="titan_fp4six.dispatch.backend"):
-        slow = numerics.four_over_six_quantize(xt, amax, block="16x16")
+        slow = dispatch.four_over_six_quantize(xt, amax, block="16x16")
     assert len(calls) == 3 and "reference path" in caplog.text
     assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scales.view(torch.uint8), slow.scales.view(torch.uint8))
     assert dec.dtype == torch.bfloat16
@@ -89,7 +89,7 @@ def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
 def test_compiled_kernel_divides_correctly_rounded(kq):
     """The kernels Triton compiled on this GPU: div.rn, no approximate division (contraction: test_kernels_codegen)."""
     x = torch.randn(32, 64, device="cuda")
-    kq.four_over_six_quantize_decode(x, numerics.tensor_amax(x), "16x16", "mse", 256)
+    kq.four_over_six_quantize_decode(x, dispatch.tensor_amax(x), "16x16", "mse", 256)
     ptx = "\n".join(k.asm["ptx"] for k in _compiled(kq._quantize_kernel))
     assert "div.rn.f32" in ptx
     assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
@@ -117,9 +117,9 @@ def test_amax_kernels_match_torch(dtype):
     assert ka.tensor_amax(x).isnan()
     x[3, 7] = 1e4 if dtype != torch.float16 else 6e4
     assert torch.equal(ka.tensor_amax(x), x.abs().amax().float())
-    assert torch.equal(numerics.tensor_amax(x), x.abs().amax().float())
+    assert torch.equal(dispatch.tensor_amax(x), x.abs().amax().float())
     offs = torch.tensor([100, 100, 250], device="cuda", dtype=torch.int32)
-    groups = numerics.group_amax(x, offs)
+    groups = dispatch.group_amax(x, offs)
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
 
@@ -143,7 +143,7 @@ def test_every_fp32_magnitude_up_to_six(kq):
 
 def test_scalar_shortcuts_on_every_input():
     """e2m1_magic, e4m3_round, e4m3_byte and div6 against the reference on every FP32 they take."""
-    from rounding_kernels import FINITE, mismatches
+    from tests.helpers.rounding_kernels import FINITE, mismatches
     step = 1 << 26
     assert sum(mismatches(start, min(start + step, FINITE), 1, "cuda") for start in range(0, FINITE, step)) == 0
 
@@ -151,7 +151,7 @@ def test_scalar_shortcuts_on_every_input():
 def test_newton_inverse_scale_on_every_input():
     """The fast path's division-free inverse scale equals min(1 / b, FLT_MAX) for b = 0 and every b in
     [2^-100, 2^57], the range the fast path's setting gives it."""
-    from rounding_kernels import newton_inverse_mismatches
+    from tests.helpers.rounding_kernels import newton_inverse_mismatches
     lo, hi = (int(torch.tensor(2.0 ** e).view(torch.int32)) for e in (-100, 57))
     step = 1 << 26
     assert newton_inverse_mismatches(0, 1) == 0

@@ -1,5 +1,5 @@
-"""The vectorized reference against the spec: hand-made vectors per rounding rule, and a byte-for-byte
-comparison with the independent scalar oracle (tests/spec_oracle.py) on sweeps of shapes, dtypes, knobs and
+"""The vectorized reference against docs/numerics.md: hand-made vectors per rounding rule, and a byte-for-byte
+comparison with the independent scalar oracle (tests/helpers/spec_oracle.py) on sweeps of shapes, dtypes, knobs and
 edge data."""
 
 import itertools
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import spec_oracle as oracle
+from tests.helpers import spec_oracle as oracle
 from titan_fp4six import (four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax)
 from titan_fp4six.numerics.formats import e2m1_encode, pack_codes, unpack_codes
 from titan_fp4six.numerics.reference import _tile_error, global_encode_scale
@@ -241,13 +241,25 @@ def test_nan_in_a_block_decodes_to_nan_and_stays_local():
     assert nvfp4_dequantize(*four_over_six_quantize(x, t), t, scale_bound=256).isnan().all()
 
 
-def test_same_bytes_across_calls():
-    x = torch.randn(64, 128, dtype=torch.bfloat16)
-    a = tensor_amax(x)
-    first = four_over_six_quantize(x, a, block="16x16")
-    for _ in range(3):
-        again = four_over_six_quantize(x, a, block="16x16")
-        assert torch.equal(first.codes, again.codes) and torch.equal(scale_bytes(first), scale_bytes(again))
+@pytest.mark.parametrize("block,scaling", [("1x16", "tensor"), ("16x16", "tensor"), ("1x16", "row")])
+def test_bytes_depend_only_on_the_tile_and_its_amax(block, scaling):
+    """Each 16x16 tile quantized on its own (with its rows' amax) gives the whole tensor's bytes there: catches
+    a block amax, a tile error sum or a reshape that mixes neighbouring rows or columns."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 128, generator=gen) * (torch.rand(64, 1, generator=gen) + 0.5)
+    x[:, :64] = torch.rand(64, 64, generator=gen) * 2 - 1  # uniform tiles: map-to-4 wins many of them
+    x = x.to(torch.bfloat16)
+    a = row_amax(x) if scaling == "row" else tensor_amax(x)
+    whole = four_over_six_quantize(x, a, block=block)
+    codes = unpack_codes(whole.codes)
+    assert whole.map4.any() and not whole.map4.all()  # both candidates occur, so a mixed-up choice shows
+    for r in range(0, 64, 16):
+        for c in range(0, 128, 16):
+            part = four_over_six_quantize(x[r:r + 16, c:c + 16].contiguous(), a[r:r + 16] if a.dim() else a,
+                                          block=block)
+            assert torch.equal(unpack_codes(part.codes), codes[r:r + 16, c:c + 16])
+            assert torch.equal(scale_bytes(part), scale_bytes(whole)[r:r + 16, c // 16:c // 16 + 1])
+            assert torch.equal(part.map4, whole.map4[r:r + 16, c // 16:c // 16 + 1])
 
 
 # ---------------------------------------------------------------- quantization quality

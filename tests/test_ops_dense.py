@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from ops_oracle import assert_matches, four_six64, pad16, rel_for, standard64
 
+from tests.helpers.ops_oracle import assert_matches, four_six64, pad16, rel_for, standard64
 from titan_fp4six import FourOverSixRecipe, four_over_six_linear, four_over_six_mm
 from titan_fp4six.dispatch import nvfp4_dequantize, row_amax, tensor_amax, four_over_six_quantize
 from titan_fp4six.ops.operands import Operand, transpose_tiles

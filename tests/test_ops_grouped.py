@@ -3,8 +3,8 @@ groups, backward modes, saved tensors, errors."""
 
 import pytest
 import torch
-from ops_oracle import assert_matches, four_six64
 
+from tests.helpers.ops_oracle import assert_matches, four_six64
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
 from titan_fp4six.dispatch import row_amax, tensor_amax
 

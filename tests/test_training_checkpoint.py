@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from training_harness import train
+from tests.helpers.training_harness import train
 
 FOUR_SIX = "deepseek_v3_debugmodel_nvfp4_four_over_six.toml"
 BF16 = "deepseek_v3_debugmodel_bf16.toml"

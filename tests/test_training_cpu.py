@@ -1,11 +1,11 @@
 """CPU training through torchtitan's trainer with the plugin (launcher, embedded data, converters): the recipes
-train on tiny flavors with finite, falling losses. Subprocess runs via tests/training_harness.py."""
+train on tiny flavors with finite, falling losses. Subprocess runs via tests/helpers/training_harness.py."""
 
 import math
 
 import pytest
 
-from training_harness import train
+from tests.helpers.training_harness import train
 
 FAST_LR = ["--optimizer.lr", "1e-2"]  # tiny models over a dozen steps: a large step size shows learning
 

@@ -1,4 +1,4 @@
-"""The pure-PyTorch reference quantizers: ../spec numerics.md made executable.
+"""The pure-PyTorch reference quantizers: docs/numerics.md made executable.
 
 Vectorized over blocks and rows; the only Python loop is over the 16 element positions of a block, which
 pins the spec's error accumulation order. Every operation is a separate eager FP32 op (no FMA contraction)

@@ -1,6 +1,6 @@
 """The NVFP4 GEMMs behind the ops: real FP4 kernels on Blackwell, the spec's emulation everywhere else.
 
-Emulation (numerics spec, 'Dequantize'): each operand decoded with its block scales only (e2m1 * E4M3 scale
+Emulation (docs/numerics.md, section 8): each operand decoded with its block scales only (e2m1 * E4M3 scale
 is exact in bf16), a GEMM of those bf16 values with FP32 accumulation, then the FP32 product multiplied by
 amax_a/(6B) * amax_b/(6B) (that product first) and cast to the output dtype.
 

@@ -10,7 +10,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from kernel_cases import cases, compare, near_tie_case  # noqa: E402
+from tests.helpers.kernel_cases import cases, compare, near_tie_case  # noqa: E402
 from titan_fp4six.dispatch import tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
@@ -66,8 +66,8 @@ def main() -> int:
             mismatches += 1
             print("MISMATCH unaligned rows", dtype, bad)
     # The scalar shortcuts on a stride through their inputs and one whole binade (the GPU test takes every one).
-    from rounding_kernels import FINITE, TOP
-    from rounding_kernels import mismatches as rounding_mismatches
+    from tests.helpers.rounding_kernels import FINITE, TOP
+    from tests.helpers.rounding_kernels import mismatches as rounding_mismatches
     one = int(torch.tensor(1.0).view(torch.int32))
     bad_roundings = (rounding_mismatches(0, TOP + 1, 4099, "cpu") + rounding_mismatches(0, FINITE, 65537, "cpu")
                      + rounding_mismatches(one, one + (1 << 23), 1, "cpu"))

@@ -1,4 +1,4 @@
-"""An independent, scalar transcription of ../shared/spec/numerics.md with numpy float32 arithmetic.
+"""An independent, scalar transcription of docs/numerics.md with numpy float32 arithmetic.
 
 Deliberately written element by element (no torch, no vectorization) so that it shares no code and no
 structure with titan_fp4six.numerics.reference; the tests compare the two byte for byte. Slow: use it on small

@@ -2,8 +2,8 @@
 
 Why a subprocess: the trainer initializes torch.distributed and the CPU launcher patches torchtitan module state;
 neither should leak into the pytest process. Tiny flavors keep the CPU reference quantizers fast: they are
-registered by `--experimental.custom_import training_harness` (this module) in the child.
-As a script (`python tests/training_harness.py OUT.json ARGS...`) it runs the launcher with ARGS and writes
+registered by `--experimental.custom_import tests.helpers.training_harness` (this module) in the child.
+As a module (`python -m tests.helpers.training_harness OUT.json ARGS...`, from the repository root) it runs the launcher with ARGS and writes
 {step: loss} (exact floats) to OUT.json.
 """
 
@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny"
-CPU_ARGS = ["--model.flavor", TINY, "--experimental.custom_import", "training_harness",
+CPU_ARGS = ["--model.flavor", TINY, "--experimental.custom_import", "tests.helpers.training_harness",
             "--training.mixed_precision_param", "float32", "--training.seq_len", "64",
             "--training.local_batch_size", "2", "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "1",
             "--metrics.disable_color_printing"]
@@ -42,9 +42,9 @@ def register_tiny_flavors() -> None:
 def train(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> dict[int, float]:
     """Train recipe `config` (a path under configs/) on the tiny flavor; returns {step: loss}."""
     out = dump_folder / "losses.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--job.config_file", str(REPO / "configs" / config),
+    cmd = [sys.executable, "-m", "tests.helpers.training_harness", str(out), "--job.config_file", str(REPO / "configs" / config),
            "--job.dump_folder", str(dump_folder), *CPU_ARGS, *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
