@@ -3,7 +3,7 @@
 Why: a parallelism must not change what the quantizers see beyond what it has to (reduction order, per-rank
 activation amaxes). Three things make the runs comparable step by step: a seed checkpoint written by one process
 and loaded by both runs (DTensor-sharded initialization does not reproduce single-device initialization),
-`titan_fp4six.integration.parity` (every rank trains on its rows of the one-process global batch), and
+`scripts.parity` (every rank trains on its rows of the one-process global batch), and
 local_batch_size = global / N.
 
   python scripts/parity_runs.py --nproc 2 --global-batch 8 --steps 20 --out /tmp/parity \\
@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 ROOT = Path(__file__).resolve().parents[1]
 _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
-PARITY_IMPORT = "titan_fp4six.integration.parity"
+PARITY_IMPORT = "scripts.parity"
 
 
 def launch(nproc: int, args: list[str], dump: Path, *, env: dict | None = None, timeout: float = 600) -> str:

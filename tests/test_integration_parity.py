@@ -1,11 +1,11 @@
-"""titan_fp4six.integration.parity: every DP rank trains on its rows of the one-rank global batch."""
+"""scripts.parity: every DP rank trains on its rows of the one-rank global batch."""
 
 import torch
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.config.manager import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
-from titan_fp4six.integration import parity
+from scripts import parity
 from titan_fp4six.integration.data import DATASET, EMBEDDED_DIR
 
 
