@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..numerics import global_decode_factor, nvfp4_dequantize, row_amax, tensor_amax
 from .checks import check_dense
-from .gemm import decode_on, gemm_nt
+from .gemm import decode_on, gemm_nt, row_split
 from .operands import Operand, pad_rows, quantize_46, quantize_standard, transpose_tiles
 from .recipe import FourOverSixRecipe
 from .stats import MAP4_STATS
@@ -33,7 +33,7 @@ def dense_fwd(x: Tensor, weight: Tensor, err_mode: str, scale_bound: int, weight
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
     out = gemm_nt(xq, global_decode_factor(x_amax, scale_bound), wq, global_decode_factor(w_amax, scale_bound),
-                  x.dtype)
+                  x.dtype, row_split(x_amax, scale_bound) if row_scaled else None)
     return out, xq.codes, xq.scales, x_amax, wq.codes, wq.scales, w_amax
 
 

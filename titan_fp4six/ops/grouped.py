@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..numerics import global_decode_factor, group_amax, group_index, nvfp4_dequantize, row_amax
 from .checks import check_grouped, check_offs_values
-from .gemm import decode_on, grouped_gemm_nt
+from .gemm import decode_on, grouped_gemm_nt, row_split
 from .operands import quantize_46
 from .recipe import FourOverSixRecipe
 from .stats import MAP4_STATS
@@ -63,7 +63,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor, err_mode: str, scale_bound
         a_groups = global_decode_factor(a_amax, scale_bound)
         a_rows = _per_row(a_groups, group_of_row)
     out = grouped_gemm_nt(aq, a_rows, a_groups, wq, global_decode_factor(w_amax, scale_bound), offs, group_of_row,
-                          A.dtype)
+                          A.dtype, row_split(a_amax_rows, scale_bound) if row_scaled else None)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
 
 
