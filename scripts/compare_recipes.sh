@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-outputs/compare}
 STEPS=${STEPS:-100}
-RECIPES=${RECIPES:-"deepseek_v3_debugmodel_bf16 deepseek_v3_debugmodel_nvfp4_four_over_six qwen3_moe_debug_bf16 qwen3_moe_debug_nvfp4_four_over_six deepseek_v3_debugmodel_nvfp4_four_over_six_dequantized"}
+RECIPES=${RECIPES:-"deepseek_v3_debugmodel_bf16 deepseek_v3_debugmodel_nvfp4_four_over_six deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears qwen3_moe_debug_bf16 qwen3_moe_debug_nvfp4_four_over_six deepseek_v3_debugmodel_nvfp4_four_over_six_dequantized"}
 mkdir -p "$LOG_DIR"
 for name in $RECIPES; do
   echo "== $name"

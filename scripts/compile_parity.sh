@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Eager vs torch.compile (Inductor) training of the DeepSeek-V3 debugmodel, four-over-six and bf16, run side by
+# Eager vs torch.compile (Inductor) training of the DeepSeek-V3 debugmodel, four-over-six (the all_linears recipe:
+# dense Linears and experts) and bf16, run side by
 # side on one GPU: does the converted model compile and train, and how far do compiled losses move from eager
 # ones compared with the bf16 model (where only Inductor's fusions of the unquantized ops can move them) and
 # with a repeat of the eager run (GPU atomics in the MoE scatter/gather backward)?
@@ -15,9 +16,9 @@ run() {  # label config compile-flag (tyro booleans: --compile.enable / --compil
         "$3" --job.dump_folder "$out/dump_$1" > "$out/$1.log" 2>&1
     echo "$1 exit $?"
 }
-run nvfp4_eager nvfp4_four_over_six --compile.no-enable &
-run nvfp4_eager_repeat nvfp4_four_over_six --compile.no-enable &
-run nvfp4_compile nvfp4_four_over_six --compile.enable &
+run nvfp4_eager nvfp4_four_over_six_all_linears --compile.no-enable &
+run nvfp4_eager_repeat nvfp4_four_over_six_all_linears --compile.no-enable &
+run nvfp4_compile nvfp4_four_over_six_all_linears --compile.enable &
 run bf16_eager bf16 --compile.no-enable &
 run bf16_compile bf16 --compile.enable &
 wait

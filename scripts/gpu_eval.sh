@@ -27,8 +27,8 @@ DS_448="$DS_448 --quantize.grouped_mm.four_over_six.scale_bound 448 --quantize.g
 QW_448="--quantize.grouped_mm.four_over_six.scale_bound 448"
 
 python3 -m scripts.loss_curves --name deepseek_v3 --out "$RESULTS/loss" --steps "$STEPS" --parallel \
-  --timeout "$LOSS_TIMEOUT" --run "bf16=${DS}_bf16.toml" --run "4/6=${DS}_nvfp4_four_over_six.toml" \
-  --run "4/6 B448 1x16=${DS}_nvfp4_four_over_six.toml $DS_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_deepseek.txt" 2>&1 &
+  --timeout "$LOSS_TIMEOUT" --run "bf16=${DS}_bf16.toml" --run "4/6=${DS}_nvfp4_four_over_six_all_linears.toml" \
+  --run "4/6 B448 1x16=${DS}_nvfp4_four_over_six_all_linears.toml $DS_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_deepseek.txt" 2>&1 &
 python3 -m scripts.loss_curves --name qwen3_moe --out "$RESULTS/loss" --steps "$STEPS" --parallel \
   --timeout "$LOSS_TIMEOUT" --run "bf16=${QW}_bf16.toml" --run "4/6=${QW}_nvfp4_four_over_six.toml" \
   --run "4/6 B448=${QW}_nvfp4_four_over_six.toml $QW_448" "${LOSS_ARGS[@]}" > "$RESULTS/loss_qwen3.txt" 2>&1 &

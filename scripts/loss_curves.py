@@ -2,7 +2,7 @@
 
     python -m scripts.loss_curves --name deepseek_v3 --out docs --steps 300 \\
         --run "bf16=configs/deepseek_v3_debugmodel_bf16.toml" \\
-        --run "4/6=configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml" \\
+        --run "4/6=configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml" \\
         [--parallel] [--timeout 600] [-- --training.seq_len 1024 ...common overrides]
     python -m scripts.loss_curves --name deepseek_v3 --out docs --plot-only   # re-plot from <name>_loss.json
 

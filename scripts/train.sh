@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job: set up, then train the DeepSeek-V3 debugmodel NVFP4 four-over-six recipe on the embedded corpus.
+# The main job: set up, then train the DeepSeek-V3 debugmodel NVFP4 four-over-six RL base recipe (routed experts,
+# row-scaled activations, 1x16 weights, high-precision backward) on the embedded corpus.
 # With a GPU: the recipe as written, on every visible GPU (NGPU overrides), through torchrun.
 # Without one: the same recipe on the CPU with CPU-sized overrides (fp32 compute since these CPUs lack bf16
-# matrix units, 4 x 128 tokens per step, CPU_STEPS steps, default 12: ~7 s a step on 2 idle cores, as the CPU
-# quantizers re-quantize all ~33M weights every step). Extra arguments go to the trainer (e.g. --training.steps 20).
+# matrix units, 4 x 128 tokens per step, CPU_STEPS steps, default 12: seconds a step on 2 idle cores, as the
+# CPU quantizers re-quantize the routed experts' weights every step). Extra arguments go to the trainer (e.g. --training.steps 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

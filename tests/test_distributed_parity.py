@@ -11,7 +11,7 @@ activations per row), so only FP32 reduction order differs. The final weights th
 ~0.1 within these 4 steps (measured: per-shard weight amax 0.144, err_mode mae instead of mse 0.141), so the
 bound 1e-2 catches such a bug with a 10x margin and leaves room for a rare FP4 code flip from reduction order.
 
-Per-tensor activation scaling (the DeepSeek-V3 recipe as written): each rank takes the amax of its own tokens,
+Per-tensor activation scaling (the DeepSeek-V3 all_linears recipe as written): each rank takes the amax of its own tokens,
 as in every NVFP4 stack, so the dense layers' activations are quantized differently and the weights drift apart
 as with any other quantization change (0.155 measured); the losses stay within what a different quantization
 noise explains: measured relative differences <= 4e-5 over 4 steps, asserted <= 1e-3 (on 2 H200s over 20 steps of
@@ -28,8 +28,8 @@ from scripts import parity_runs
 ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = 4
-ARGS = ["--job.config_file", "configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml", "--model.flavor",
-        "tiny", "--training.seq_len", "64", "--training.mixed_precision_param", "float32",
+ARGS = ["--job.config_file", "configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml",
+        "--model.flavor", "tiny", "--training.seq_len", "64", "--training.mixed_precision_param", "float32",
         "--lr_scheduler.warmup_steps", "1"]
 FSDP_EP = ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"]
 ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

@@ -36,7 +36,7 @@ def test_blackwell_mixes_fp4_and_bf16_peaks():
     (FourOverSixRecipe(), False, 6),  # auto -> quantized backward: forward, dgrad, wgrad all NVFP4
     (FourOverSixRecipe(backward="high_precision"), False, 2),
     (FourOverSixRecipe(), True, 2),  # grouped backward is bf16
-    (FourOverSixRecipe(activation_scaling="row"), False, 0),  # no native kernel for per-row factors
+    (FourOverSixRecipe(activation_scaling="row"), False, 2),  # forward native, row factors on its bf16 output
 ])
 def test_fp4_flops_per_param(recipe, grouped, expected):
     assert metrics.fp4_flops_per_param(recipe, grouped) == expected

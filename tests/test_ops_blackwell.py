@@ -1,5 +1,8 @@
-"""The Blackwell (SM100) NVFP4 GEMM path: scale swizzling, argument building and the strict gate on CPU;
-the real kernels against the emulation only on a compute-capability-10 GPU."""
+"""The Blackwell (SM100) NVFP4 GEMM path: scale swizzling, argument building and the strict gate on CPU; the
+row-scaled GEMMs through a CPU emulation of F.scaled_mm / F.scaled_grouped_mm semantics, bitwise against a
+rounding-emulated loop oracle; the real kernels against the emulation only on a compute-capability-10 GPU."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -106,13 +109,160 @@ def _sm100():
 
 @pytest.mark.sm100
 @pytest.mark.skipif(not _sm100(), reason="needs a Blackwell (compute capability 10.x) GPU")
-def test_blackwell_kernels_match_emulation():
+@pytest.mark.parametrize("recipe, rtol", [
+    (FourOverSixRecipe(), 2 ** -7),
+    # row-scaled: the kernels' bf16 output times the row amaxes, one more bf16 rounding than the emulation
+    (FourOverSixRecipe(activation_scaling="row", weight_block="1x16", backward="high_precision"), 2 ** -6),
+])
+def test_blackwell_kernels_match_emulation(recipe, rtol):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(256, 512, device="cuda", generator=g).bfloat16()
     w = torch.randn(4, 256, 512, device="cuda", generator=g).bfloat16()
     offs = torch.tensor([64, 64, 200, 250], dtype=torch.int32, device="cuda")
-    real, emulated = ((four_over_six_mm(x, w[0], recipe=recipe),
-                       four_over_six_grouped_mm(x, w.transpose(-2, -1), offs, recipe=recipe))
-                      for recipe in (FourOverSixRecipe(gemm="fp4"), FourOverSixRecipe(gemm="emulated")))
+    real, emulated = ((four_over_six_mm(x, w[0], recipe=r), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs,
+                                                                                    recipe=r))
+                      for r in (dataclasses.replace(recipe, gemm="fp4"), dataclasses.replace(recipe, gemm="emulated")))
     for r, e in zip(real, emulated):
-        torch.testing.assert_close(r, e, rtol=2 ** -7, atol=1e-3)
+        torch.testing.assert_close(r, e, rtol=rtol, atol=1e-3)
+
+
+# --- Row-scaled GEMMs, on CPU: F.scaled_mm / F.scaled_grouped_mm replaced by an emulation of their semantics ---
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _unswizzle(flat, rows, cols):
+    """Plain (rows, cols) E4M3 scales read out of one matrix in cuBLAS's 128x4 block-scaling layout."""
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    return flat.view(torch.uint8).reshape(-1)[_swizzled_position(r, c, cols)].view(torch.float8_e4m3fn)
+
+
+def _decode(fp4, scales):
+    """(R, K/2) float4_e2m1fn_x2 (even element in the low nibble) x (R, K/16) E4M3 -> (R, K) float64, exact."""
+    u = fp4.view(torch.uint8).long()
+    nib = torch.stack([u & 15, u >> 4], dim=-1).reshape(u.shape[0], -1)
+    vals = _E2M1[nib & 7].double() * (1 - 2 * (nib >> 3)).double()
+    return vals * scales.double().repeat_interleave(16, dim=1)
+
+
+def _emulated_scaled_mm(mat_a, mat_b, scale_a, scale_b, output_dtype, **recipes):
+    """F.scaled_mm for NVFP4 operands: block scales unswizzled, FP32 accumulation, both global scales after."""
+    (m, half_k), n = mat_a.shape, mat_b.shape[1]
+    a = _decode(mat_a, _unswizzle(scale_a[0], m, half_k // 8)).float()
+    b = _decode(mat_b.t(), _unswizzle(scale_b[0], n, half_k // 8)).float()
+    return (torch.mm(a, b.t()) * (scale_a[1] * scale_b[1])).to(output_dtype)
+
+
+def _emulated_scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs, output_dtype, **recipes):
+    """F.scaled_grouped_mm (2-D A, 3-D B): group g's scale rows start at the sum of the earlier groups' row counts
+    rounded up to 128; per-group global scales; rows past offs[-1] are left undefined (NaN here)."""
+    (m, half_k), (experts, _, n) = mat_a.shape, mat_b.shape
+    k16 = half_k // 8
+    a_scales = _unswizzle(scale_a[0], scale_a[0].shape[0], k16)
+    out = torch.full((m, n), float("nan"), dtype=output_dtype)
+    start = padded = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > start:
+            a = _decode(mat_a[start:end], a_scales[padded:padded + end - start]).float()
+            w = _decode(mat_b[g].t(), _unswizzle(scale_b[0][g], n, k16)).float()
+            out[start:end] = (torch.mm(a, w.t()) * (scale_a[1][g] * scale_b[1][g])).to(output_dtype)
+        padded += -(-(end - start) // 128) * 128
+        start = end
+    return out
+
+
+def _exact_operand(rows, k, seed):
+    """Random codes with power-of-two block scales in [1/4, 4]: every product and every K<=64 partial sum is exact
+    in FP32, so any accumulation order gives the same FP32 value (a loop oracle can be compared bitwise)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
+    scales = ((torch.randint(-2, 3, (rows, k // 16), generator=g) + 7) * 8).to(torch.uint8).view(torch.float8_e4m3fn)
+    return Operand(codes, scales)
+
+
+def _bf16(v):
+    return torch.as_tensor(v, dtype=torch.float32).to(torch.bfloat16).float()
+
+
+def _row_oracle(a, b_rows_of, const, b_factor_of, row_amax, rows):
+    """Loop oracle of the row-scaled kernels: per row, the exact dot products, times fl(const * b_factor) in FP32
+    rounded to bf16 (the kernel's output), times the row's amax in FP32 rounded to bf16 again."""
+    out = torch.zeros(rows, b_rows_of(0).shape[0])
+    a_dec = _decode(a.codes, a.scales)
+    for r in range(rows):
+        acc = (b_rows_of(r) @ a_dec[r]).float()  # exact
+        alpha = const * b_factor_of(r)  # FP32 product, as the kernel forms it
+        out[r] = _bf16(_bf16(acc * alpha) * row_amax[r])
+    return out.to(torch.bfloat16)
+
+
+@pytest.fixture
+def on_blackwell(monkeypatch):
+    """The Blackwell dispatch with F.scaled_mm / F.scaled_grouped_mm emulated on CPU."""
+    monkeypatch.setattr(blackwell, "available", lambda device: True)
+    monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
+    monkeypatch.setattr(F, "scaled_grouped_mm", _emulated_scaled_grouped_mm)
+
+
+def test_emulated_scaled_mm_is_the_exact_nvfp4_gemm():
+    """The emulation itself against the plain decode (so the oracle comparisons below test the ops, not it)."""
+    a, b = _exact_operand(40, 64, 0), _exact_operand(24, 64, 1)
+    fa, fb = torch.tensor(0.75), torch.tensor(0.3)
+    out = _emulated_scaled_mm(**blackwell.dense_args(a, fa, b, fb, torch.bfloat16))
+    ref = (_decode(a.codes, a.scales) @ _decode(b.codes, b.scales).t()).float() * (fa * fb)
+    assert torch.equal(out, ref.to(torch.bfloat16))
+
+
+def test_dense_row_scaled_equals_rounding_oracle(on_blackwell):
+    from titan_fp4six.ops.gemm import gemm_nt, row_split
+    a, b = _exact_operand(40, 64, 2), _exact_operand(24, 64, 3)
+    amax = torch.rand(40, generator=torch.Generator().manual_seed(4)) * 10
+    const, _ = row_split(amax, 256)
+    b_factor = torch.tensor(0.0123)
+    out = gemm_nt(a, amax * const, b, b_factor, torch.bfloat16, "auto", row_split(amax, 256))
+    b_dec = _decode(b.codes, b.scales)
+    expected = _row_oracle(a, lambda r: b_dec, const, lambda r: b_factor, amax, 40)
+    assert torch.equal(out, expected)
+    assert out.dtype == torch.bfloat16 and not torch.equal(out, _row_oracle(a, lambda r: b_dec, const * 1.01,
+                                                                            lambda r: b_factor, amax, 40))
+
+
+def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
+    from titan_fp4six.dispatch.amax import group_index
+    from titan_fp4six.ops.gemm import grouped_gemm_nt, row_split
+    experts, n, rows = 4, 32, 300
+    offs = torch.tensor([3, 3, 200, 290], dtype=torch.int32)
+    a, w = _exact_operand(rows, 64, 5), _exact_operand(experts * n, 64, 6)
+    group_of_row = group_index(offs, rows)
+    amax = torch.where(group_of_row < experts, torch.rand(rows, generator=torch.Generator().manual_seed(7)) * 5, 0.0)
+    w_factor = torch.rand(experts, generator=torch.Generator().manual_seed(8)) * 0.01
+    split = row_split(amax, 448)
+    out = grouped_gemm_nt(a, amax * split[0], None, w, w_factor, offs, group_of_row, torch.bfloat16, "auto", split)
+    w_dec = _decode(w.codes, w.scales).view(experts, n, 64)
+    g = group_of_row.clamp(max=experts - 1)
+    expected = _row_oracle(a, lambda r: w_dec[g[r]], split[0], lambda r: w_factor[g[r]], amax, rows)
+    expected[290:] = 0  # rows past offs[-1]: zeros (the kernel leaves them undefined: NaN in the emulation)
+    assert torch.equal(out, expected)
+
+
+def test_row_scaled_ops_on_blackwell_stay_within_the_rounding_bound_of_the_emulation(monkeypatch):
+    """Whole row-scaled ops (real quantizers): the Blackwell form differs from the emulated path only by the extra
+    bf16 rounding (dense: one; grouped: the emulation rounds the product to bf16 too)."""
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(300, 64, generator=g).bfloat16(), torch.randn(4, 32, 64, generator=g).bfloat16()
+    offs = torch.tensor([64, 64, 200, 290], dtype=torch.int32)
+    recipe = FourOverSixRecipe(activation_scaling="row", weight_block="1x16", backward="high_precision")
+
+    def run():
+        return four_over_six_mm(x, w[0], recipe=recipe), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs,
+                                                                                  recipe=recipe)
+    emulated = run()
+    monkeypatch.setattr(blackwell, "available", lambda device: True)
+    monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
+    monkeypatch.setattr(F, "scaled_grouped_mm", _emulated_scaled_grouped_mm)
+    real = run()
+    for r, e, rtol in zip(real, emulated, (2 ** -7, 2 ** -6)):
+        assert r.dtype == e.dtype == torch.bfloat16 and torch.isfinite(r).all()
+        d = (r.float() - e.float()).abs()
+        assert (d <= rtol * e.float().abs() + 1e-6).all(), d.max()
+        assert not torch.equal(r, e)  # the extra rounding is really there

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.training_harness import train
 
-FOUR_SIX = "deepseek_v3_debugmodel_nvfp4_four_over_six.toml"
+FOUR_SIX = "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml"
 BF16 = "deepseek_v3_debugmodel_bf16.toml"
 STEPS = 5
 ARGS = ["--training.steps", str(STEPS), "--optimizer.lr", "1e-2", "--checkpoint.enable", "--checkpoint.interval", "2"]

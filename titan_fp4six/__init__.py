@@ -15,5 +15,15 @@ __all__ = [
     "NVFP4Blocks", "decode_block_scaled", "four_over_six_quantize", "four_over_six_quantize_decode",
     "global_decode_factor", "group_amax", "nvfp4_dequantize", "nvfp4_quantize", "row_amax", "tensor_amax",
     "FourOverSixRecipe", "four_over_six_grouped_mm", "four_over_six_linear", "four_over_six_mm",
-    "FourOverSixLinear", "convert_experts", "four_over_six_experts_class",
+    "FourOverSixLinear", "FourOverSixTrainingConfig", "convert_experts", "four_over_six_experts_class",
+    "quantizable_linear",
 ]
+
+
+def __getattr__(name: str):
+    """FourOverSixTrainingConfig and quantizable_linear import torchao, so they load on first use."""
+    if name in ("FourOverSixTrainingConfig", "quantizable_linear"):
+        from .modules import torchao_config
+
+        return getattr(torchao_config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

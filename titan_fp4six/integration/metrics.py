@@ -43,11 +43,10 @@ def track(fqn: str, active_params: int, recipe: FourOverSixRecipe, *, grouped: b
 def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
     """FLOPs per token per weight param that run as NVFP4 GEMMs where native FP4 kernels exist.
 
-    The ops run them natively only for per-tensor (per-group) activation scales and a recipe whose `gemm` knob
-    allows it: the forward GEMM (2), plus dgrad and wgrad (4) for a dense GEMM whose backward resolves to
-    "quantized"; other backwards are bf16.
+    The forward GEMM (2), per-tensor, per-group or row-scaled, plus dgrad and wgrad (4) for a dense GEMM whose
+    backward resolves to "quantized"; other backwards are bf16. None where the recipe's `gemm` knob is "emulated".
     """
-    if recipe.row_scaled or recipe.gemm == "emulated":
+    if recipe.gemm == "emulated":
         return 0
     return 2 if grouped or recipe.resolved_backward(grouped) != "quantized" else 6
 

@@ -3,9 +3,15 @@ scaled_grouped_mm: packed float4_e2m1fn_x2 operands, E4M3 block scales in cuBLAS
 and the FP32 global decode factors as the second scaling level (the kernel multiplies the FP32 accumulator
 by their product, as the emulation does).
 
+Row-scaled activations (a factor amax_r * fl(1/(6B)) per row) have no per-row slot in these kernels: the
+constant fl(1/(6B)) goes in the activation's global-scale slot (in every group's slot for the grouped GEMM),
+and the kernel's bf16 output is multiplied by the raw per-row amaxes in FP32 and rounded to bf16 again. That is
+one extra bf16 rounding compared with the emulation, which applies the whole factor to the FP32 accumulator.
+
 Gated strictly on major == 10: NVFP4 scaled_grouped_mm on Hopper launches a Blackwell kernel that corrupts
-the CUDA context. Only per-tensor (per-group) activation scaling runs here; per-row global factors have no
-kernel and stay on the emulated path. The recipe knob `gemm` (and TITAN_FP4SIX_EMULATE) decide in gemm.py.
+the CUDA context. Per-tensor (per-group) and row-scaled activations both run here (row-scaled: the constant
+1/(6B) in the kernel's global-scale slot, the raw per-row amaxes applied to the bf16 output, one extra bf16
+rounding). The recipe knob `gemm` (and TITAN_FP4SIX_EMULATE) decide in gemm.py.
 """
 
 import functools
@@ -75,13 +81,18 @@ def dense_args(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.T
                 output_dtype=out_dtype)
 
 
-def dense_supported(a_factor: torch.Tensor, out_dtype) -> bool:
-    """Whether a dense GEMM with these activation factors has a real NVFP4 kernel (per-tensor, bf16 out)."""
-    return a_factor.dim() == 0 and out_dtype == torch.bfloat16
-
-
 def scaled_mm_nt(a: Operand, a_factor, b: Operand, b_factor, out_dtype) -> torch.Tensor:
     return F.scaled_mm(**dense_args(a, a_factor, b, b_factor, out_dtype))
+
+
+def _scale_rows(out: torch.Tensor, row_amax: torch.Tensor) -> torch.Tensor:
+    """The kernel's bf16 output times each row's raw amax (FP32 product, rounded to the output dtype)."""
+    return (out.float() * row_amax[:, None]).to(out.dtype)
+
+
+def scaled_mm_nt_row_scaled(a: Operand, a_const, a_row_amax, b: Operand, b_factor, out_dtype) -> torch.Tensor:
+    """a x b^T for row-scaled a (factor a_row_amax * a_const per row): a_const in the global-scale slot."""
+    return _scale_rows(scaled_mm_nt(a, a_const, b, b_factor, out_dtype), a_row_amax)
 
 
 def group_padded_rows(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
@@ -121,4 +132,10 @@ def grouped_args(a: Operand, a_factor: torch.Tensor, w: Operand, w_factor: torch
 
 def scaled_grouped_mm_nt(a, a_factor, w, w_factor, offs, experts, out_dtype) -> torch.Tensor:
     return F.scaled_grouped_mm(**grouped_args(a, a_factor, w, w_factor, offs, experts, out_dtype))
+
+
+def scaled_grouped_mm_nt_row_scaled(a, a_const, a_row_amax, w, w_factor, offs, experts, out_dtype) -> torch.Tensor:
+    """Grouped GEMM for row-scaled A: one scaled_grouped_mm with a_const in every group's global-scale slot."""
+    out = scaled_grouped_mm_nt(a, a_const.expand(experts).contiguous(), w, w_factor, offs, experts, out_dtype)
+    return _scale_rows(out, a_row_amax)
 

@@ -14,7 +14,7 @@ from ..dispatch.quantize import run_dequantize
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.reference import global_decode_factor
 from .checks import check_dense
-from .gemm import decode_on, gemm_nt
+from .gemm import decode_on, gemm_nt, row_split
 from .operands import Operand, pad_rows, quantize_46, quantize_standard, transpose_tiles
 from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
@@ -35,7 +35,7 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
     out = gemm_nt(xq, global_decode_factor(x_amax, r.scale_bound), wq, global_decode_factor(w_amax, r.scale_bound),
-                  x.dtype, r.gemm)
+                  x.dtype, r.gemm, row_split(x_amax, r.scale_bound) if r.row_scaled else None)
     return out, xq.codes, xq.scales, x_amax, wq.codes, wq.scales, w_amax
 
 

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..numerics.reference import global_decode_factor
 from . import blackwell
 from .operands import Operand
 
@@ -65,26 +66,42 @@ def _combined(a_factor: torch.Tensor, b_factor: torch.Tensor) -> torch.Tensor:
     return (a_factor[:, None] if a_factor.dim() else a_factor) * b_factor
 
 
-def gemm_nt(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.Tensor, out_dtype, gemm: str) -> torch.Tensor:
-    """a (M, K) x b (N, K)^T -> (M, N) in out_dtype; a_factor () or (M,), b_factor ()."""
-    if fp4_gemms(a.codes.device, gemm) and blackwell.dense_supported(a_factor, out_dtype):
+def row_split(amax_rows: torch.Tensor, scale_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fl(1/(6B)) as a 0-d tensor, the raw amaxes): the two parts of the per-row factors amax_r * fl(1/(6B))
+    that the Blackwell row-scaled GEMMs apply separately."""
+    return global_decode_factor(amax_rows.new_ones(()), scale_bound), amax_rows
+
+
+def gemm_nt(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.Tensor, out_dtype, gemm: str,
+            a_row_split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """a (M, K) x b (N, K)^T -> (M, N) in out_dtype; a_factor () or (M,), b_factor (); a_row_split =
+    row_split(...) of a per-row a_factor (the Blackwell kernel's form of it; the emulation uses a_factor)."""
+    fp4 = out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm)
+    if fp4 and a_factor.dim() == 0:
         return blackwell.scaled_mm_nt(a, a_factor, b, b_factor, out_dtype)
+    if fp4 and a_row_split is not None:
+        return blackwell.scaled_mm_nt_row_scaled(a, *a_row_split, b, b_factor, out_dtype)
     acc = mm_f32(a.block_scaled(), b.block_scaled().t())
     return (acc * _combined(a_factor, b_factor)).to(out_dtype)
 
 
 def grouped_gemm_nt(a: Operand, a_factor_rows: torch.Tensor, a_factor_groups: torch.Tensor | None, w: Operand,
                     w_factor: torch.Tensor, offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype,
-                    gemm: str) -> torch.Tensor:
+                    gemm: str, a_row_split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """A (M, K) grouped by offs x expert weights w (E*N, K) -> (M, N); rows past offs[-1] are zeros.
 
     a_factor_rows (M,) is every row's activation factor; a_factor_groups (E,) the same per group when the
-    activations are per-group scaled (None when row-scaled); w_factor (E,) per expert.
+    activations are per-group scaled (None when row-scaled, which passes a_row_split = row_split(...) for
+    Blackwell instead); w_factor (E,) per expert.
     """
     experts = w_factor.numel()
     valid = group_of_row < experts
-    if a_factor_groups is not None and out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm):
+    fp4 = out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm)
+    if fp4 and a_factor_groups is not None:
         out = blackwell.scaled_grouped_mm_nt(a, a_factor_groups, w, w_factor, offs, experts, out_dtype)
+        return torch.where(valid[:, None], out, 0)
+    if fp4 and a_row_split is not None:
+        out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *a_row_split, w, w_factor, offs, experts, out_dtype)
         return torch.where(valid[:, None], out, 0)
     w_dec = w.block_scaled().view(experts, -1, w.codes.shape[1] * 2)
     prod = torch._grouped_mm(a.block_scaled(), w_dec.transpose(-2, -1), offs=offs)  # bf16: the extra rounding

@@ -1,0 +1,58 @@
+"""Every recipe in configs/ converts exactly the modules it says: each is parsed as torchtitan parses it, its
+model built on the meta device and run through its converters, and the set of four-over-six module names (and
+their knobs) compared with the list written here."""
+
+from pathlib import Path
+
+import pytest
+
+from titan_fp4six.integration.dry_run import build_and_convert
+from titan_fp4six.ops.recipe import FourOverSixRecipe
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+RL_BASE = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="1x16", activation_scaling="row",
+                            backward="high_precision")
+ALL_LINEARS = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="16x16", activation_scaling="tensor",
+                                backward="auto")
+
+
+def _experts(layers):
+    return {f"layers.{i}.moe.experts" for i in layers}
+
+
+def _deepseek_linears(layers):
+    """Every dense Linear of the DeepSeek-V3 debugmodel's layers except router.gate (q_lora_rank 0: plain wq)."""
+    names = set()
+    for i in layers:
+        names |= {f"layers.{i}.attention.{n}" for n in ("wq", "wkv_a", "wkv_b", "wo")}
+        ffn = ["feed_forward"] if i == 0 else ["moe.shared_experts"]
+        names |= {f"layers.{i}.{f}.{w}" for f in ffn for w in ("w1", "w2", "w3")}
+    return names
+
+
+EXPECTED = {
+    "deepseek_v3_debugmodel_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(1, 6))},
+    "deepseek_v3_debugmodel_nvfp4_four_over_six_dequantized.toml":
+        {n: FourOverSixRecipe(**{**RL_BASE.__dict__, "backward": "dequantized"}) for n in _experts(range(1, 5))},
+    "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml":
+        {**{n: ALL_LINEARS.resolve(grouped=True) for n in _experts(range(1, 6))},  # modules hold resolved recipes
+         **{n: ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
+    "qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
+    "qwen3_30b_a3b_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(48))},
+    "deepseek_v3_debugmodel_bf16.toml": {},
+    "qwen3_moe_debug_bf16.toml": {},
+}
+
+
+def test_every_recipe_is_listed():
+    assert sorted(EXPECTED) == sorted(p.name for p in CONFIGS.glob("*.toml"))
+
+
+@pytest.mark.parametrize("config", sorted(EXPECTED))
+def test_recipe_converts_exactly_what_it_says(config):
+    _, _, model = build_and_convert(["--job.config_file", str(CONFIGS / config)])
+    converted = {fqn: mod.recipe for fqn, mod in model.named_modules()
+                 if isinstance(getattr(mod, "recipe", None), FourOverSixRecipe)}
+    assert set(converted) == set(EXPECTED[config])
+    assert converted == EXPECTED[config]

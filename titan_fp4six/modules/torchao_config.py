@@ -1,0 +1,62 @@
+"""torchao entry point: `quantize_(model, FourOverSixTrainingConfig(...), filter_fn=...)` swaps nn.Linear for
+FourOverSixLinear on any nn.Module, the way torchao installs its own training workflows (an AOBaseConfig
+dataclass plus a handler registered with `register_quantize_module_handler`).
+
+A Linear whose in_features or out_features is not a multiple of 16 cannot be quantized (NVFP4 blocks both GEMM
+dims by 16): the handler raises instead of silently leaving it in high precision, since that would change the
+numerics the caller asked for. Pass `filter_fn=quantizable_linear` to convert exactly the Linears that can be
+converted, or any filter of your own that leaves such layers out (and, usually, the LM head).
+"""
+
+from dataclasses import field, make_dataclass
+
+from torch import nn
+from torchao.core.config import AOBaseConfig
+from torchao.quantization.transform_module import register_quantize_module_handler
+
+from ..numerics.formats import BLOCK_SIZE
+from ..ops.recipe import KNOBS, FourOverSixRecipe
+from .linear import FourOverSixLinear
+
+
+def _post_init(self):
+    try:
+        self.recipe()
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"FourOverSixTrainingConfig: {e}") from e
+
+
+def _recipe(self) -> FourOverSixRecipe:
+    """The FourOverSixRecipe of these knobs."""
+    return FourOverSixRecipe(**{f.name: getattr(self, f.name) for f in KNOBS})
+
+
+FourOverSixTrainingConfig = make_dataclass(
+    "FourOverSixTrainingConfig", [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in KNOBS],
+    bases=(AOBaseConfig,), kw_only=True,
+    namespace={"__post_init__": _post_init, "recipe": _recipe, "__module__": __name__,
+               "__doc__": "The four-over-six recipe's knobs (FourOverSixRecipe's fields, names, values and "
+                          "defaults), validated when the config is built."})
+
+
+def quantizable_linear(module: nn.Module, fqn: str = "") -> bool:
+    """A `filter_fn` for quantize_: plain nn.Linear layers whose two dims are multiples of 16."""
+    return (type(module) is nn.Linear and module.in_features % BLOCK_SIZE == 0
+            and module.out_features % BLOCK_SIZE == 0)
+
+
+@register_quantize_module_handler(FourOverSixTrainingConfig)
+def _four_over_six_training_transform(module: nn.Module, config: FourOverSixTrainingConfig,
+                                      parameter_name: str | None = None) -> nn.Module:
+    """quantize_'s handler: nn.Linear -> FourOverSixLinear sharing its Parameters (state_dict unchanged)."""
+    if isinstance(module, FourOverSixLinear) or not isinstance(module, nn.Linear):
+        return module
+    if type(module) is not nn.Linear:
+        raise TypeError(f"FourOverSixTrainingConfig converts plain nn.Linear only; the filter selected a "
+                        f"{type(module).__name__}: leave it out with filter_fn")
+    if not quantizable_linear(module):
+        raise ValueError(f"FourOverSixTrainingConfig: the filter selected a Linear with in_features="
+                         f"{module.in_features}, out_features={module.out_features}; both must be multiples of "
+                         f"{BLOCK_SIZE} (NVFP4 blocks). Leave it out with filter_fn (e.g. "
+                         "titan_fp4six.quantizable_linear)")
+    return FourOverSixLinear.from_linear(module, config.recipe())
