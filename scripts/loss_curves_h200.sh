@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Three-way loss curves, bf16 vs plain NVFP4 vs four-over-six, for both debug models from one invocation on one
 # H200: 300 steps each, same seed (debug.seed 0), same data order (the loader does not shuffle), same batch.
-#   DeepSeek-V3 debugmodel: bf16 twin | all_linears recipe with scale_bound 448 and scope "none" (plain NVFP4:
-#                           map-to-6 only, E4M3 scales up to 448) | the all_linears recipe as written (4/6)
-#   Qwen3 MoE debugmodel:   bf16 twin | experts recipe with scale_bound 448, scope "none" | experts recipe (4/6)
+#   DeepSeek-V3 debugmodel: bf16 twin | deepseek_v3_debugmodel_nvfp4_all_linears.toml (plain NVFP4: scope "none",
+#                           map-to-6 only, E4M3 scales up to 448) | the all_linears 4/6 recipe it is the twin of
+#   Qwen3 MoE debugmodel:   bf16 twin | qwen3_moe_debug_nvfp4.toml (plain NVFP4 experts) | the 4/6 experts recipe
 # The three runs of one model train in parallel (small models leave most of the GPU idle), the models one after
 # the other. Estimated wall time on an H200 with batch 8 x 512 tokens: ~2 min for DeepSeek-V3 (its all-linears
 # 4/6 runs are the slowest: 114 s for three such runs in parallel, docs/results.md) + ~1.5 min for Qwen3 MoE,
@@ -25,33 +25,14 @@ QW=configs/qwen3_moe_debug
 mkdir -p "$OUT" "$DOCS_DIR/results"
 export PYTHONUNBUFFERED=1
 
-nvfp4() {  # plain-NVFP4 overrides for the given sections (linear, grouped_mm)
-  for s in "$@"; do
-    printf -- '--quantize.%s.four_over_six.scale_bound 448 --quantize.%s.four_over_six.scope none ' "$s" "$s"
-  done
-}
-
-# Plain NVFP4 needs the `scope` knob: refuse before training anything if this checkout's config lacks it.
-if ! python3 - "${DS}_nvfp4_four_over_six_all_linears.toml" $(nvfp4 linear grouped_mm) > /dev/null 2>&1 <<'PY'
-import sys
-from torchtitan.config import ConfigManager
-ConfigManager().parse_args(["--job.config_file", *sys.argv[1:]])
-PY
-then
-  echo "this checkout's [quantize.*.four_over_six] sections reject scope = \"none\": plain NVFP4 cannot run" >&2
-  exit 2
-fi
-
 COMMON=(-- --training.local_batch_size "$BATCH" --training.seq_len "$SEQ")
-curves() {  # name bf16-recipe quantized-recipe sections...
-  local name=$1 bf16=$2 quant=$3
-  shift 3
-  python3 scripts/loss_curves.py --name "${name}_3way" --out "$OUT" --steps "$STEPS" --parallel \
-    --timeout "$RUN_TIMEOUT" --run "bf16=$bf16" --run "NVFP4=$quant $(nvfp4 "$@")" --run "4/6=$quant" "${COMMON[@]}"
+curves() {  # name bf16-recipe nvfp4-recipe four-over-six-recipe
+  python3 -m scripts.loss_curves --name "${1}_3way" --out "$OUT" --steps "$STEPS" --parallel \
+    --timeout "$RUN_TIMEOUT" --run "bf16=$2" --run "NVFP4=$3" --run "4/6=$4" "${COMMON[@]}"
 }
 start=$SECONDS
-curves deepseek_v3 "${DS}_bf16.toml" "${DS}_nvfp4_four_over_six_all_linears.toml" linear grouped_mm
-curves qwen3_moe "${QW}_bf16.toml" "${QW}_nvfp4_four_over_six.toml" grouped_mm
+curves deepseek_v3 "${DS}_bf16.toml" "${DS}_nvfp4_all_linears.toml" "${DS}_nvfp4_four_over_six_all_linears.toml"
+curves qwen3_moe "${QW}_bf16.toml" "${QW}_nvfp4.toml" "${QW}_nvfp4_four_over_six.toml"
 echo "wall: $((SECONDS - start)) s"
 
 {

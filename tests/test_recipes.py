@@ -2,6 +2,7 @@
 model built on the meta device and run through its converters, and the set of four-over-six module names (and
 their knobs) compared with the list written here."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ RL_BASE = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="1x16"
                             backward="high_precision")
 ALL_LINEARS = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="16x16", activation_scaling="tensor",
                                 backward="auto")
+NVFP4_ALL_LINEARS = replace(ALL_LINEARS, scale_bound=448, scope="none")
 
 
 def _experts(layers):
@@ -40,6 +42,10 @@ EXPECTED = {
          **{n: ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
     "qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
     "qwen3_30b_a3b_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(48))},
+    "deepseek_v3_debugmodel_nvfp4_all_linears.toml":
+        {**{n: NVFP4_ALL_LINEARS.resolve(grouped=True) for n in _experts(range(1, 6))},
+         **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
+    "qwen3_moe_debug_nvfp4.toml": {n: replace(RL_BASE, scale_bound=448, scope="none") for n in _experts(range(8))},
     "deepseek_v3_debugmodel_bf16.toml": {},
     "qwen3_moe_debug_bf16.toml": {},
 }

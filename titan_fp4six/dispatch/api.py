@@ -34,33 +34,39 @@ class NVFP4Blocks:
         return iter((self.codes, self.scales))
 
 
-def _check(x, amax, block, err_mode, scale_bound, quantizer) -> bool:
+def _check(x, amax, block, err_mode, scale_bound, quantizer, choose=True) -> bool:
     """Check the arguments; returns whether torch.compile is tracing (then the values cannot be read)."""
     tracing = torch.compiler.is_compiling()
     check_choice("quantizer", quantizer, QUANTIZERS)
+    if not isinstance(choose, bool):
+        raise TypeError(f"choose must be True or False, got {choose!r}")
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
     return tracing
 
 
 def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
-                           scale_bound: int = 256, quantizer: str = "auto") -> NVFP4Blocks:
-    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax."""
-    if _check(x, amax, block, err_mode, scale_bound, quantizer):
-        return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer))
-    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=False)[:3])
+                           scale_bound: int = 256, quantizer: str = "auto", choose: bool = True) -> NVFP4Blocks:
+    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax.
+
+    choose=False keeps the map-to-6 candidate in every block (with scale_bound=448: plain NVFP4, computed
+    with the four-over-six scale association; docs/numerics.md)."""
+    if _check(x, amax, block, err_mode, scale_bound, quantizer, choose):
+        return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer, choose))
+    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose)[:3])
 
 
 def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
-                                  err_mode: str = "mse", scale_bound: int = 256,
-                                  quantizer: str = "auto") -> tuple[torch.Tensor, NVFP4Blocks]:
+                                  err_mode: str = "mse", scale_bound: int = 256, quantizer: str = "auto",
+                                  choose: bool = True) -> tuple[torch.Tensor, NVFP4Blocks]:
     """Quantize and return (exact bf16 block-scaled decode, NVFP4Blocks): what the emulated GEMMs consume.
 
     On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
     """
-    if _check(x, amax, block, err_mode, scale_bound, quantizer):
-        dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer)
+    if _check(x, amax, block, err_mode, scale_bound, quantizer, choose):
+        dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer,
+                                                                   choose)
     else:
-        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=True)
+        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, True, choose)
     return dec, NVFP4Blocks(codes, scales, map4)
 
 

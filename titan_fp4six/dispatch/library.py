@@ -25,12 +25,12 @@ def _empty_blocks(x: torch.Tensor) -> _Tensors2:
 
 @torch.library.custom_op("titan_fp4six::four_over_six_quantize", mutates_args=())
 def four_over_six_op(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
-                     quantizer: str) -> _Tensors3:
-    return run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=False)[:3]
+                     quantizer: str, choose: bool) -> _Tensors3:
+    return run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose)[:3]
 
 
 @four_over_six_op.register_fake
-def _(x, amax, block, err_mode, scale_bound, quantizer):
+def _(x, amax, block, err_mode, scale_bound, quantizer, choose):
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=False)
     codes, scales = _empty_blocks(x)
     return codes, scales, x.new_empty(scales.shape, dtype=torch.bool)
@@ -38,13 +38,13 @@ def _(x, amax, block, err_mode, scale_bound, quantizer):
 
 @torch.library.custom_op("titan_fp4six::four_over_six_quantize_decode", mutates_args=())
 def four_over_six_decode_op(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
-                            quantizer: str) -> _Tensors4:
-    codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, decode=True)
+                            quantizer: str, choose: bool) -> _Tensors4:
+    codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, True, choose)
     return dec, codes, scales, map4
 
 
 @four_over_six_decode_op.register_fake
-def _(x, amax, block, err_mode, scale_bound, quantizer):
+def _(x, amax, block, err_mode, scale_bound, quantizer, choose):
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=False)
     codes, scales = _empty_blocks(x)
     return x.new_empty(x.shape, dtype=torch.bfloat16), codes, scales, x.new_empty(scales.shape, dtype=torch.bool)

@@ -12,17 +12,18 @@ from .backend import kernels_for
 
 
 def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
-                      quantizer: str, decode: bool):
+                      quantizer: str, decode: bool, choose: bool = True):
     """(codes, scales, map4, bf16 block-scaled decode or None) of a validated 2-D x.
 
-    With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume)."""
-    kernels = kernels_for(x, quantizer, "quantize")
+    With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume).
+    choose=False (map-to-6 only) has no kernel yet: it runs the reference, also on CUDA (same bytes)."""
+    kernels = kernels_for(x, quantizer, "quantize") if choose else None
     if kernels is not None:
         if decode:
             dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
             return codes, scales, map4, dec
         return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound), None)
-    codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound)
+    codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound, choose)
     return codes, scales, map4, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
 

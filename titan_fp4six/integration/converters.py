@@ -12,7 +12,7 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.protocols.model_converter import register_model_converter
 from torchtitan.tools.logging import logger
 
-from ..modules.experts import GROUP_ALIGN, convert_experts
+from ..modules.experts import convert_experts
 from ..modules.linear import FourOverSixLinear
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from . import metrics
@@ -76,7 +76,7 @@ def validate_job_config(job_config, kind: str):
     if kind == "grouped_mm":
         if par.expert_parallel_comm_backend == "deepep":
             raise ValueError(f"{section} with parallelism.expert_parallel_comm_backend=\"deepep\": DeepEP does "
-                             f"not pad token groups to {GROUP_ALIGN} rows; use \"standard\"")
+                             f"not pad token groups to {cfg.pad_multiple} rows; use \"standard\"")
         etp = par.expert_tensor_parallel_degree if par.expert_parallel_degree > 1 else par.tensor_parallel_degree
         if etp > 1:
             raise ValueError(f"{section} with expert tensor parallelism (parallelism.tensor_parallel_degree="
@@ -155,7 +155,7 @@ class FourOverSixGroupedMMConverter(_Converter):
 
     def __init__(self, job_config, parallel_dims):
         super().__init__(job_config, parallel_dims)
-        set_token_group_alignment_size_m(GROUP_ALIGN)  # EP dispatch pads every expert group to this
+        set_token_group_alignment_size_m(self.cfg.pad_multiple)  # EP dispatch pads every expert group to this
 
     def convert(self, model: nn.Module):
         cfg, section = self.cfg, self.section
@@ -173,7 +173,7 @@ class FourOverSixGroupedMMConverter(_Converter):
             if bad:
                 raise ValueError(f"{section}.fqns selects {fqn} whose {', '.join(bad)} have dims that are not "
                                  f"multiples of {BLOCK}; remove it from {section}.fqns")
-            convert_experts(mod, self.recipe)
+            convert_experts(mod, self.recipe, self.cfg.pad_multiple)
             converted.append(fqn)
             router = getattr(model.get_submodule(fqn.rpartition(".")[0]), "router", None)
             top_k = getattr(router, "top_k", mod.num_experts)
@@ -183,7 +183,7 @@ class FourOverSixGroupedMMConverter(_Converter):
         if missing:
             raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
         logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
-                    f"token groups aligned to {GROUP_ALIGN} rows")
+                    f"token groups aligned to {cfg.pad_multiple} rows")
 
 
 def register() -> None:

@@ -10,6 +10,7 @@ its TOML key named. No `from __future__ import annotations` here: the merge comp
 
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 
+from ..modules.experts import GROUP_ALIGN, check_pad_multiple
 from ..ops.recipe import KNOBS, FourOverSixRecipe
 from . import converters, data
 
@@ -45,16 +46,19 @@ class _SectionBase:
         knobs = {f.name: getattr(self, f.name) for f in KNOBS}
         try:
             return FourOverSixRecipe(**knobs).resolve(grouped=self.GROUPED)
-        except (ValueError, TypeError) as e:
-            keys = ", ".join(f"{self.SECTION}.{f.name}" for f in KNOBS)
-            raise ValueError(f"[{self.SECTION}] {e} (keys: {keys})") from e
+        except (ValueError, TypeError) as e:  # the recipe names its fields; name the TOML keys instead
+            raise ValueError(f"[{self.SECTION}] {str(e).replace('FourOverSixRecipe.', self.SECTION + '.')}") from e
 
 
-def _section(name: str, section: str, grouped: bool, doc: str, extra: list) -> type:
-    cls = make_dataclass(name, _recipe_fields() + extra, bases=(_SectionBase,), kw_only=True,
-                         namespace={"SECTION": section, "GROUPED": grouped, "__doc__": doc,
-                                    "__module__": __name__})
-    return cls
+def _section(name: str, section: str, grouped: bool, doc: str, extra: list, post_init=None) -> type:
+    namespace = {"SECTION": section, "GROUPED": grouped, "__doc__": doc, "__module__": __name__}
+    if post_init is not None:
+        def __post_init__(self):
+            _SectionBase.__post_init__(self)
+            post_init(self)
+
+        namespace["__post_init__"] = __post_init__
+    return make_dataclass(name, _recipe_fields() + extra, bases=(_SectionBase,), kw_only=True, namespace=namespace)
 
 
 FourOverSixLinearConfig = _section(
@@ -68,8 +72,11 @@ FourOverSixLinearConfig = _section(
 FourOverSixGroupedMMConfig = _section(
     "FourOverSixGroupedMMConfig", GROUPED_SECTION, True,
     "[quantize.grouped_mm.four_over_six]: routed experts. fqns: the experts modules to convert (dotted-part "
-    "match: 'experts' does not match 'shared_experts').",
-    [("fqns", list[str], field(default_factory=lambda: ["experts"]))])
+    "match: 'experts' does not match 'shared_experts'); pad_multiple: rows each token group is padded to (a "
+    "multiple of 16; with expert parallelism torchtitan's dispatcher pads to it).",
+    [("fqns", list[str], field(default_factory=lambda: ["experts"])),
+     ("pad_multiple", int, field(default=GROUP_ALIGN))],
+    post_init=lambda self: check_pad_multiple(self.pad_multiple, f"{GROUPED_SECTION}.pad_multiple"))
 
 
 @dataclass

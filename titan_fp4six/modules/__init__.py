@@ -1,7 +1,7 @@
 """Modules over the four-over-six ops: FourOverSixLinear, the routed-experts subclass factory, and (in
 `torchao_config`, imported on first use because it imports torchao) the torchao quantize_ config."""
 
-from .experts import GROUP_ALIGN, convert_experts, four_over_six_experts_class
+from .experts import GROUP_ALIGN, check_pad_multiple, convert_experts, four_over_six_experts_class
 from .linear import FourOverSixLinear
 
-__all__ = ["FourOverSixLinear", "GROUP_ALIGN", "convert_experts", "four_over_six_experts_class"]
+__all__ = ["FourOverSixLinear", "GROUP_ALIGN", "check_pad_multiple", "convert_experts", "four_over_six_experts_class"]

@@ -6,8 +6,8 @@
 `init_weights` stay the parent's and the state_dict is unchanged; only `recipe` (a plain attribute) is added.
 The subclass always takes the grouped path, including where the parent would loop over experts.
 
-Token groups are aligned to GROUP_ALIGN rows. Without expert parallelism this module pads the groups
-itself; with it, the dispatcher already did (into an over-allocated buffer). Either way only the rows up to
+Token groups are aligned to `pad_multiple` rows (GROUP_ALIGN by default). Without expert parallelism this
+module pads the groups itself; with it, the dispatcher already did (into an over-allocated buffer). Either way only the rows up to
 offs[-1] reach the op, and the output is zero-extended back, so padding rows never reach an amax.
 """
 
@@ -16,12 +16,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, four_over_six_grouped_mm
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 
 GROUP_ALIGN = 128
-"""Rows per token-group alignment unit (torchtitan's TOKEN_GROUP_ALIGN_SIZE_M is set to this)."""
+"""Default rows per token-group alignment unit (`pad_multiple`; torchtitan's TOKEN_GROUP_ALIGN_SIZE_M is set to
+it): a multiple of Blackwell's 128-row block-scale tiles."""
+
+
+def check_pad_multiple(value, name: str = "pad_multiple") -> None:
+    """Token groups are quantized in 16-row blocks along M (Blackwell's grouped GEMM needs group starts on them)."""
+    if type(value) is not int or value <= 0 or value % BLOCK_SIZE:
+        raise ValueError(f"{name}={value!r}; it must be a positive multiple of {BLOCK_SIZE} (default {GROUP_ALIGN})")
 
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
@@ -59,18 +67,22 @@ class _FourOverSixExperts:
     """Mixin placed before the parent experts class; see the module docstring."""
 
     recipe: FourOverSixRecipe
+    pad_multiple: int
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         weights = [local_weight(getattr(self, n), n, experts=True) for n in ("w1", "w2", "w3")]
         # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
         dispatched = isinstance(self.w1, DTensor) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
-        run = run_experts if dispatched else run_experts_padded
         *weights, x_in = autocast_operands(*weights, x)
         with no_autocast(x.device):
-            return run(*weights, x_in, num_tokens_per_expert, self.recipe).to(x.dtype)
+            if dispatched:
+                out = run_experts(*weights, x_in, num_tokens_per_expert, self.recipe)
+            else:
+                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, self.recipe, self.pad_multiple)
+            return out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"recipe={self.recipe}"
+        return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}"
 
 
 _CLASSES: dict[type, type] = {}
@@ -87,8 +99,10 @@ def four_over_six_experts_class(parent: type[nn.Module]) -> type[nn.Module]:
     return cls
 
 
-def convert_experts(module: nn.Module, recipe: FourOverSixRecipe) -> nn.Module:
-    """Turn `module` (an experts instance) into its four-over-six subclass in place and return it."""
+def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: int = GROUP_ALIGN) -> nn.Module:
+    """Turn `module` (an experts instance) into its four-over-six subclass in place and return it; without
+    expert parallelism it pads each token group to `pad_multiple` rows."""
+    check_pad_multiple(pad_multiple)
     for name in ("w1", "w2", "w3"):
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor) or w.dim() != 3:
@@ -96,4 +110,5 @@ def convert_experts(module: nn.Module, recipe: FourOverSixRecipe) -> nn.Module:
     resolved = recipe.resolve(grouped=True)  # raises for a backward grouped GEMMs do not define
     module.__class__ = four_over_six_experts_class(type(module))
     module.recipe = resolved
+    module.pad_multiple = pad_multiple
     return module

@@ -88,10 +88,13 @@ def four_over_six_candidates(x: torch.Tensor, amax: torch.Tensor, block: str, er
     return code6, code4, sf6, sf4, err6, err4
 
 
-def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int):
-    """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask)."""
+def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
+                            choose: bool = True):
+    """Four-over-six quantize of a validated 2-D x. Returns (packed codes, E4M3 scales, map-to-4 mask).
+
+    choose=False keeps the map-to-6 candidate in every block (an operand outside the recipe's `scope`)."""
     code6, code4, sf6, sf4, err6, err4 = four_over_six_candidates(x, amax, block, err_mode, scale_bound)
-    map4 = err4 < err6  # strict: ties and NaN errors keep map-to-6
+    map4 = err4 < err6 if choose else torch.zeros_like(err4, dtype=torch.bool)  # strict: ties and NaN keep 6
     codes = torch.where(map4[..., None], code4, code6).view(x.shape)
     scales = torch.where(map4, sf4.view(torch.uint8), sf6.view(torch.uint8)).view(torch.float8_e4m3fn)
     return pack_codes(codes), scales, map4

@@ -29,9 +29,9 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     r = recipe_from_key(recipe)
     decode = decode_on(x.device, r.gemm)
     x_amax = run_row_amax(x, r.quantizer) if r.row_scaled else run_tensor_amax(x, r.quantizer)
-    xq, x_map4 = quantize_46(x, x_amax, "1x16", r, decode)
+    xq, x_map4 = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
     w_amax = run_tensor_amax(weight, r.quantizer)
-    wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode)
+    wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
     out = gemm_nt(xq, global_decode_factor(x_amax, r.scale_bound), wq, global_decode_factor(w_amax, r.scale_bound),
@@ -62,12 +62,12 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
         if r.weight_block == "16x16":
             w_col = transpose_tiles(Operand(w_codes, w_scales))
         else:
-            w_col, _ = quantize_46(weight.t(), w_amax, "1x16", r, decode)
+            w_col, _ = quantize_46(weight.t(), w_amax, "1x16", r, decode, weight=True)
         dx = gemm_nt(quantize_standard(dy, dy_amax, r), dy_factor, w_col, w_factor, x_dtype, r.gemm)
     if need_dw:
         # blocking along the token dimension M: zero rows up to a multiple of 16 change nothing
         dy_col = quantize_standard(pad_rows(dy).t(), dy_amax, r)
-        x_col, _ = quantize_46(pad_rows(x).t(), x_amax, "1x16", r, decode)
+        x_col, _ = quantize_46(pad_rows(x).t(), x_amax, "1x16", r, decode, weight=False)
         dw = gemm_nt(dy_col, dy_factor, x_col, global_decode_factor(x_amax, r.scale_bound), w_dtype, r.gemm)
     return dx, dw
 

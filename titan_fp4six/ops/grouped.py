@@ -53,9 +53,9 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     group_of_row = group_index(offs, A.shape[0])
     a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, r)
     decode = decode_on(A.device, r.gemm)
-    aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode)
+    aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
     w, w_amax = _expert_weights(B_t)
-    wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode)
+    wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)
     if r.row_scaled:

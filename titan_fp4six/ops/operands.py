@@ -28,12 +28,14 @@ class Operand:
         return self.decoded
 
 
-def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOverSixRecipe,
-                decode: bool) -> tuple[Operand, torch.Tensor]:
-    """Four-over-six quantize with the recipe's knobs (fused with the bf16 decode when the emulated GEMM will
-    need it); returns the operand and the map-to-4 mask."""
+def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOverSixRecipe, decode: bool,
+                weight: bool) -> tuple[Operand, torch.Tensor]:
+    """Four-over-six quantize of a weight (weight=True) or activation operand with the recipe's knobs, the
+    candidate choice as the recipe's `scope` says for that role (fused with the bf16 decode when the emulated
+    GEMM will need it); returns the operand and the map-to-4 mask."""
+    choose = recipe.weights_choose if weight else recipe.activations_choose
     codes, scales, map4, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode,
-                                                     recipe.scale_bound, recipe.quantizer, decode)
+                                                     recipe.scale_bound, recipe.quantizer, decode, choose)
     return Operand(codes, scales, decoded), map4
 
 

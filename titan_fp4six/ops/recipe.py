@@ -15,6 +15,7 @@ from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
 ACTIVATION_SCALINGS = ("tensor", "row")
 BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
 GEMMS = ("auto", "emulated", "fp4")
+SCOPES = ("all", "weights", "activations", "none")
 
 
 def _knob(default, valid, doc: str):
@@ -35,6 +36,9 @@ class FourOverSixRecipe:
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
                           "row-scaled activations and routed experts).")
+    scope: str = _knob("all", SCOPES, "Operands that choose between the two candidates: 'all', 'weights', "
+                       "'activations' or 'none' (the others keep the map-to-6 candidate; 'none' with "
+                       "scale_bound=448 is plain NVFP4, docs/numerics.md).")
     quantizer: str = _knob("auto", QUANTIZERS, "Quantizer implementation (same bytes): 'auto' (Triton on CUDA, "
                            "the reference elsewhere), 'triton' (required) or 'reference' (pure PyTorch); the "
                            "environment variable TITAN_FP4SIX_QUANTIZER overrides it.")
@@ -46,13 +50,23 @@ class FourOverSixRecipe:
         for f in fields(self):
             check_choice(f"FourOverSixRecipe.{f.name}", getattr(self, f.name), f.metadata["valid"])
         if self.backward == "quantized" and self.activation_scaling == "row":
-            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with activation_scaling='row' "
-                             "(per-row scales do not transpose); use backward='high_precision' or 'dequantized', "
-                             "or activation_scaling='tensor'")
+            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with "
+                             "FourOverSixRecipe.activation_scaling='row' (per-row scales do not transpose); use "
+                             "backward='high_precision' or 'dequantized', or activation_scaling='tensor'")
 
     @property
     def row_scaled(self) -> bool:
         return self.activation_scaling == "row"
+
+    @property
+    def weights_choose(self) -> bool:
+        """Whether weight operands choose between map-to-4 and map-to-6 (else map-to-6 only)."""
+        return self.scope in ("all", "weights")
+
+    @property
+    def activations_choose(self) -> bool:
+        """Whether activation operands (x, A and their columnwise forms) choose between the candidates."""
+        return self.scope in ("all", "activations")
 
     def resolved_backward(self, grouped: bool) -> str:
         """The backward mode a dense (grouped=False) or grouped GEMM runs: never "auto"."""
