@@ -25,8 +25,8 @@ def _inputs(row_scaled, nan=True, rows=32, cols=64, device="cpu"):
 def test_opcheck(row_scaled):
     x, amax = _inputs(row_scaled, nan=False)  # opcheck compares with assert_close, for which NaN != NaN
     ops = torch.ops.titan_fp4six
-    torch.library.opcheck(ops.four_over_six_quantize, (x, amax, "1x16", "mae", 448, "auto"))
-    torch.library.opcheck(ops.four_over_six_quantize_decode, (x, amax, "1x16", "mse", 256, "auto"))
+    torch.library.opcheck(ops.four_over_six_quantize, (x, amax, "1x16", "mae", 448, "auto", True))
+    torch.library.opcheck(ops.four_over_six_quantize_decode, (x, amax, "1x16", "mse", 256, "auto", False))
     torch.library.opcheck(ops.nvfp4_quantize, (x, amax, "auto"))
 
 
@@ -89,10 +89,10 @@ def test_fake_implementation_rejects_bad_knobs():
     x, amax = _inputs(False)
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fx, famax = mode.from_tensor(x), mode.from_tensor(amax)
-        codes, scales, map4 = torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "1x16", "mse", 256, "auto")
+        codes, scales, map4 = torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "1x16", "mse", 256, "auto", True)
         assert codes.shape == (32, 32) and scales.shape == (32, 4) and scales.dtype == torch.float8_e4m3fn
         with pytest.raises(ValueError, match="block"):
-            torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "8x8", "mse", 256, "auto")
+            torch.ops.titan_fp4six.four_over_six_quantize(fx, famax, "8x8", "mse", 256, "auto", True)
 
 
 def test_quantizer_knob_is_checked_and_triton_needs_cuda(monkeypatch):
