@@ -10,6 +10,7 @@ FMA); every division is tl.math.div_rn except two the fast path replaces by exac
 _newton_inverse_scale). Launchers take validated arguments; numerics.quantize dispatches here.
 docs/kernels.md has the design, the validation and the H200 speed.
 """
+import functools
 from typing import NamedTuple
 
 import torch
@@ -589,6 +590,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                                  pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
 
 
+@functools.cache
 def _f32_reciprocal(value: float) -> float:
     """fl(1 / value) in FP32, as a Python float (a constexpr the kernel multiplies by)."""
     return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()

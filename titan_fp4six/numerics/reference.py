@@ -5,6 +5,8 @@ pins the spec's error accumulation order. Every operation is a separate eager FP
 and every division divides by an FP32 tensor (correctly rounded).
 """
 
+import functools
+
 import torch
 
 from .formats import (BLOCK_SIZE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND, e2m1_decode, e2m1_encode, e4m3_round,
@@ -124,10 +126,16 @@ def row_amax_reference(x: torch.Tensor) -> torch.Tensor:
     return x.abs().amax(dim=-1).float()
 
 
+@functools.cache
+def inv_six_b(scale_bound: int) -> float:
+    """fl(1/(6B)), the FP32 division's result, as a Python float (exact: an FP32 value), so multiplying an FP32
+    tensor by it is the same FP32 multiply as by a tensor holding it, without a kernel to fill one."""
+    return (torch.tensor(1.0) / torch.tensor(E2M1_MAX * scale_bound, dtype=torch.float32)).item()
+
+
 def global_decode_factor(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
     """amax * fl(1/(6B)): the factor between block-scaled values and real values (docs/numerics.md, Decode)."""
-    inv_six_b = fp32_const(1.0, amax.device) / fp32_const(E2M1_MAX * scale_bound, amax.device)
-    return amax * inv_six_b
+    return amax * inv_six_b(scale_bound)
 
 
 def decode_block_scaled_reference(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:

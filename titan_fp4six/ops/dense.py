@@ -15,7 +15,7 @@ from ..numerics.formats import STANDARD_BOUND
 from ..numerics.reference import global_decode_factor
 from .checks import check_dense
 from .gemm import decode_on, gemm_nt, row_split
-from .operands import Operand, pad_rows, quantize_46, quantize_standard, transpose_tiles
+from .operands import Operand, pad_rows, quantize_46, quantize_standard, transposed_tiles
 from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
 
@@ -60,7 +60,7 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
     dx = dw = dy.new_empty(0)
     if need_dx:
         if r.weight_block == "16x16":
-            w_col = transpose_tiles(Operand(w_codes, w_scales))
+            w_col = transposed_tiles(Operand(w_codes, w_scales), decode)
         else:
             w_col, _ = quantize_46(weight.t(), w_amax, "1x16", r, decode, weight=True)
         dx = gemm_nt(quantize_standard(dy, dy_amax, r), dy_factor, w_col, w_factor, x_dtype, r.gemm)

@@ -36,11 +36,12 @@ def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: Four
     return groups, _per_row(groups, group_of_row)
 
 
-def _expert_weights(B_t: Tensor) -> tuple[Tensor, Tensor]:
-    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,)."""
+def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
+    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,): the max of its
+    rows' amaxes (one read of the weights, no |W| copy)."""
     experts, k, n = B_t.shape
     w = B_t.transpose(-2, -1).reshape(experts * n, k)
-    return w, B_t.abs().amax(dim=(1, 2)).float()
+    return w, run_row_amax(w, quantizer).view(experts, n).amax(dim=1)
 
 
 @torch.library.custom_op("titan_fp4six::grouped_fwd", mutates_args=())
@@ -54,7 +55,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, r)
     decode = decode_on(A.device, r.gemm)
     aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
-    w, w_amax = _expert_weights(B_t)
+    w, w_amax = _expert_weights(B_t, r.quantizer)
     wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)

@@ -15,10 +15,11 @@ from .recipe import FourOverSixRecipe
 
 @dataclass
 class Operand:
-    """codes uint8 (R, K/2), E4M3 block scales (R, K/16), and optionally the exact bf16 e2m1*scale decode."""
+    """codes uint8 (R, K/2), E4M3 block scales (R, K/16), and optionally the exact bf16 e2m1*scale decode (an
+    operand only the emulated GEMM reads may carry the decode alone)."""
 
-    codes: torch.Tensor
-    scales: torch.Tensor
+    codes: torch.Tensor | None
+    scales: torch.Tensor | None
     decoded: torch.Tensor | None = None
 
     def block_scaled(self) -> torch.Tensor:
@@ -62,3 +63,9 @@ def transpose_tiles(op: Operand) -> Operand:
     tiles = op.scales.view(torch.uint8)[::BLOCK_SIZE]  # one row of scales per 16-row tile: (R/16, C/16)
     scales_t = tiles.t().repeat_interleave(BLOCK_SIZE, dim=0).contiguous().view(torch.float8_e4m3fn)
     return Operand(codes_t, scales_t)
+
+
+def transposed_tiles(op: Operand, decode: bool) -> Operand:
+    """The transpose of a 16x16-tile-quantized operand: for the emulated GEMM its decode, transposed (a view: a
+    tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed."""
+    return Operand(None, None, op.block_scaled().t()) if decode else transpose_tiles(op)
