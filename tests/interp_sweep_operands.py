@@ -45,7 +45,7 @@ def columnwise(gen):
     """Columnwise 4/6 (every knob pair, with and without the decode) and NVFP4: ragged M (zero-row padding),
     K not a multiple of anything, rows in wider storage, every kind and dtype in rotation, near ties."""
     knobs = (("mse", 256), ("mae", 448), ("mae", 256), ("mse", 448))
-    shapes = ((37, 24, None), (16, 7, None), (5, 20, 29), (21, 31, None))
+    shapes = ((37, 24, None), (16, 40, None), (5, 20, 29), (21, 31, None))
     for index, kind in enumerate(COLUMN_KINDS):
         dtype = DTYPES[index % 3]
         m, k, stride = shapes[index % len(shapes)]
