@@ -23,7 +23,7 @@ TWO_TO_120 = tl.constexpr(2.0 ** 120)
 
 
 @triton.jit
-def _e4m3_value(byte):
+def e4m3_value(byte):
     """float8_e4m3fn byte (int32 0..255) -> its FP32 value, exactly as scales.float(): the byte's exponent and
     mantissa bits shifted by 20 land in FP32's fields with a bias 120 larger, so times 2^120 (exact, subnormals
     included: k * 2^-129 becomes k * 2^-9) is the magnitude; 0x7F and 0xFF are NaN; the sign is set by bits."""
@@ -52,7 +52,7 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, out_ptr, R, NBLK, amax_strid
     blks = (tl.program_id(1) * NB + tl.arange(0, NB))[None, :]
     ok = (rows < R) & (blks < NBLK)
     rows64 = rows.to(tl.int64)
-    scale = _e4m3_value(tl.load(scales_ptr + rows64 * NBLK + blks, mask=ok, other=0).to(tl.int32))
+    scale = e4m3_value(tl.load(scales_ptr + rows64 * NBLK + blks, mask=ok, other=0).to(tl.int32))
     if GLOBAL:
         amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
         scale = (scale * amax) * R6B

@@ -19,6 +19,7 @@ import triton.language as tl
 from ..numerics.validation import ERR_MODES, SCALE_BOUNDS, check_choice
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
+from .decode import e4m3_value
 
 
 class Launch(NamedTuple):
@@ -621,14 +622,14 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
             s = e4m3_round(scaled)
             inv = _inverse_scale(s, s_dec)
-            # With the decode (WRITE_DEC): e2m1 value * s, s the scale's E4M3 value (NaN for a NaN scale).
+            # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
                 lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
                 dec = ()
                 if WRITE_DEC:
                     for j in tl.static_range(8):
-                        dec = dec + (_decode_word(lo, hi, s, j), )
+                        dec = dec + (_decode_word(lo, hi, e4m3_value(sf), j), )
             else:
                 if WRITE_DEC:
                     lo, hi, dec = _fast_encode_decode(xs, ws, inv, s, KIND, True)
