@@ -1,6 +1,7 @@
 """Compile every quantizer kernel variant (input dtype x 1x16/16x16 x mae/mse x B x decode, and standard
-NVFP4; each with one amax per tensor and with one per row) in parallel processes, filling Triton's on-disk
-cache so tests and benchmarks start without compiling ~75 large unrolled kernels one after another.
+NVFP4 with and without decode; each with one amax per tensor and with one per row; and the columnwise 4/6 and
+NVFP4 variants) in parallel processes, filling Triton's on-disk cache so tests and benchmarks start without
+compiling ~110 large unrolled kernels one after another.
 
     python scripts/warm_quantize_kernels.py [--jobs 16]
 """
@@ -12,7 +13,12 @@ from concurrent.futures import ProcessPoolExecutor
 DTYPES = ("bfloat16", "float16", "float32")
 VARIANTS = [(dtype, *knobs, row_amax) for dtype in DTYPES for row_amax in (False, True)
             for knobs in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448), (False, True))]
-VARIANTS += [(dtype, "nvfp4", None, 448, False, row_amax) for dtype in DTYPES for row_amax in (False, True)]
+VARIANTS += [(dtype, "nvfp4", None, 448, decode, row_amax) for dtype in DTYPES for row_amax in (False, True)
+             for decode in (False, True)]
+# Columnwise (x^T read in place; one amax per tensor): 4/6 with every knob pair and NVFP4, with and without decode.
+VARIANTS += [(dtype, "columnwise", *knobs, False) for dtype in DTYPES
+             for knobs in itertools.product(("mae", "mse"), (256, 448), (False, True))]
+VARIANTS += [(dtype, "nvfp4_columnwise", None, 448, decode, False) for dtype in DTYPES for decode in (False, True)]
 
 
 def _compile(variant) -> str:
@@ -23,8 +29,12 @@ def _compile(variant) -> str:
     dtype, block, err_mode, bound, decode, row_amax = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
     amax = torch.ones(16 if row_amax else (), device="cuda")
-    if block == "nvfp4":
-        kq.nvfp4_quantize(x, amax)
+    if block == "columnwise":
+        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode)
+    elif block == "nvfp4_columnwise":
+        kq.nvfp4_quantize_columnwise(x, amax, decode)
+    elif block == "nvfp4":
+        (kq.nvfp4_quantize_decode if decode else kq.nvfp4_quantize)(x, amax)
     elif decode:
         kq.four_over_six_quantize_decode(x, amax, block, err_mode, bound)
     else:

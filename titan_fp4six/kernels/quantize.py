@@ -17,8 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..numerics.validation import ERR_MODES, SCALE_BOUNDS, check_choice
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
+from .decode import e4m3_value
 
 
 class Launch(NamedTuple):
@@ -44,8 +46,14 @@ LAUNCH = {
     ("16x16", False): Launch(16, 4, 8, 1, max_registers=96),
     ("16x16", True): Launch(16, 4, 8, 2),
     ("nvfp4", False): Launch(1, 32, 8, 1),
+    ("nvfp4", True): Launch(1, 32, 8, 1),
 }
+# Columnwise (x^T of a row-major x, 1x16 blocks along x's rows): a warp covers 32 consecutive columns k of x, one
+# block (16 rows of one column) per thread, so each of a block's 16 element loads reads a contiguous run of the
+# warp's 32 columns; the chunk loop walks down x's rows. Not yet timed against other shapes on a GPU.
+COLUMN_LAUNCH = Launch(32, 1, 8, 1)
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -162,17 +170,48 @@ def _sign_bit(ws, i: tl.constexpr, KIND: tl.constexpr):
 
 
 @triton.jit
-def _load_element(x_ptr, word, i, mask, KIND: tl.constexpr):
-    """Element i (a runtime index) of each block as FP32, read from memory again (the exact path's input)."""
-    if KIND == 0:
-        return _word_to_f32(tl.load(x_ptr + word + i, mask=mask, other=0), KIND, False)
-    w = tl.load(x_ptr + word + i // 2, mask=mask, other=0)
-    return _word_to_f32(tl.where(i % 2 == 0, w, w >> 16), KIND, False)
+def _column_start(rows64, blks, stride, M):
+    """Where the blocks of x^T start in a row-major x (M, K) of row stride `stride` elements: for output row k
+    (x's column) and block b, element i is x[16b + i, k] at offset + i * stride, and exists for i < left (rows at
+    or past M read as the zero rows that pad x to a multiple of 16). (offset, stride, left)."""
+    return (blks.to(tl.int64) * 16) * stride + rows64, stride, M - blks * 16
+
+
+@triton.jit
+def _load_column_words(ptr, where, mask, KIND: tl.constexpr):
+    """The words _load_words gives for a block of x^T, built from its 16 element loads down a column of x (ptr
+    addresses elements: int16 for 16-bit input, int32 for fp32); each load is a contiguous run over a warp's
+    consecutive columns. Missing rows (padding) load as +0."""
+    start, stride, left = where
+    es = ()
+    for i in tl.static_range(16):
+        es = es + (tl.load(ptr + start + i * stride, mask=mask & (i < left), other=0).to(tl.int32), )
+    ws = es
+    if KIND != 0:  # two 16-bit elements per word, element 2j in the low half
+        ws = ()
+        for j in tl.static_range(8):
+            ws = ws + ((es[2 * j] & 0xFFFF) | (es[2 * j + 1] << 16), )
+    return ws
+
+
+@triton.jit
+def _load_element(x_ptr, word, i, mask, KIND: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """Element i (a runtime index) of each block as FP32, read from memory again (the exact path's input).
+    TRANSPOSED: word is _column_start's (offset, stride, left) and x_ptr addresses elements."""
+    if TRANSPOSED:
+        start, stride, left = word
+        w = tl.load(x_ptr + start + i * stride, mask=mask & (i < left), other=0).to(tl.int32)
+        return _word_to_f32(w, KIND, False)
+    else:  # a constexpr branch: a tuple word never reaches the row-major code
+        if KIND == 0:
+            return _word_to_f32(tl.load(x_ptr + word + i, mask=mask, other=0), KIND, False)
+        w = tl.load(x_ptr + word + i // 2, mask=mask, other=0)
+        return _word_to_f32(tl.where(i % 2 == 0, w, w >> 16), KIND, False)
 
 
 @triton.jit
 def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr, ERRORS: tl.constexpr,
-                     MSE: tl.constexpr):
+                     MSE: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """One candidate scale (spec steps 4-5) exactly as written, for every input including NaN and the edges of
     FP32's range: packed codes (with signs) as two int32 words and the block's error. A runtime loop that reads
     x again, so this rarely taken path adds few registers to the kernel (registers decide its occupancy)."""
@@ -180,7 +219,7 @@ def _exact_candidate(x_ptr, word, mask, sf, inv, amax, six_b, KIND: tl.constexpr
     lo = tl.zeros(inv.shape, tl.int32)
     hi = tl.zeros(inv.shape, tl.int32)
     for i in tl.range(16, loop_unroll_factor=1):
-        x = _load_element(x_ptr, word, i, mask, KIND)
+        x = _load_element(x_ptr, word, i, mask, KIND, TRANSPOSED)
         code = e2m1_code(clamp_e2m1(x * inv))
         nibble = code << (4 * (i % 8))
         lo = tl.where(i < 8, lo | nibble, lo)
@@ -307,16 +346,17 @@ def _error_bounds(e, g, MSE: tl.constexpr):
 
 
 @triton.jit
-def _fast_encode_decode(xs, ws, inv, sf, KIND: tl.constexpr):
+def _fast_encode_decode(xs, ws, inv, sf, KIND: tl.constexpr, CLAMP: tl.constexpr = False):
     """The chosen candidate's code magnitudes (packed as in _fast_candidate) and its bf16 block-scaled decode
     as 8 int32 words (elements 2j, 2j+1 in word j), for the fast path's blocks (magnitudes xs, words ws).
     e2m1 value * sf has at most 6 significant bits and lies in bf16's range, so its FP32 bits are exactly the
-    bf16 bits followed by zeros; the sign is x's (that of the code)."""
+    bf16 bits followed by zeros; the sign is x's (that of the code). CLAMP as in _round_e2m1 (NVFP4 has no
+    |x| * inv < 7 check)."""
     ys = ()
     dec = ()
     low_half = tl.zeros(inv.shape, tl.int32)
     for i in tl.static_range(16):
-        y, magic = _round_e2m1(xs[i], inv, False)
+        y, magic = _round_e2m1(xs[i], inv, CLAMP)
         ys = ys + (y.to(tl.int32, bitcast=True), )
         value = ((y - magic) * sf).to(tl.int32, bitcast=True) | _sign_bit(ws, i, KIND)
         if i % 2 == 0:
@@ -441,16 +481,16 @@ def _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, o
 
 @triton.jit
 def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constexpr, MSE: tl.constexpr,
-                    TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
+                    TILE16: tl.constexpr, WRITE_DEC: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """Steps 2-7 exactly as written, for any input, reading the chunk's x again: (map-to-4 choice, scale byte,
     packed signed codes, decode words)."""
-    bamax = tl.abs(_load_element(x_ptr, word, 0, ok, KIND))
+    bamax = tl.abs(_load_element(x_ptr, word, 0, ok, KIND, TRANSPOSED))
     for i in tl.range(1, 16, loop_unroll_factor=1):
-        bamax = nan_max(bamax, tl.abs(_load_element(x_ptr, word, i, ok, KIND)))
+        bamax = nan_max(bamax, tl.abs(_load_element(x_ptr, word, i, ok, KIND, TRANSPOSED)))
     bamax = tl.broadcast_to(_tile_max(bamax, TILE16), bamax.shape)  # the exact candidates work per block
     base6, base4, s6, s4, inv6, inv4 = _candidate_scales(bamax, s_enc, s_dec, s_dec, True, False)
-    lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE)
-    lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE)
+    lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE, TRANSPOSED)
+    lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE, TRANSPOSED)
     pick = _prefers_map4(err4, err6, TILE16)
     lo = tl.where(pick, lo4, lo6)
     hi = tl.where(pick, hi4, hi6)
@@ -467,11 +507,12 @@ def _bit_or(a, b):
     return a | b
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride", "CHUNKS"])
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride", "CHUNKS", "M"])
 def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
-                     CHUNKS, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
+                     CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
-                     PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+                     PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr,
+                     TRANSPOSED: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -486,7 +527,11 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     kernel serves every shape and both amax modes; except 16x16 with one amax per tensor, which reads it as a
     scalar (SCALAR_AMAX): a tile column's scales are then computed once per thread, not once for each row it
     holds (0.168 -> 0.151 ms on an H200; 1x16 gains nothing from it and measured 2% slower). SIX_B = 6B stays
-    a constant: the divisions by it then share one reciprocal seed."""
+    a constant: the divisions by it then share one reciprocal seed.
+
+    TRANSPOSED (1x16 and NVFP4) quantizes x^T of a row-major x (M, K) in place: output row k is x's column k,
+    its block b x[16b:16b+16, k] (rows from M on read as zeros), x_ptr addresses elements, row_words is x's row
+    stride in elements; only the loads differ (_load_column_words builds the same words), the rest is shared."""
     six_b = SIX_B
     if TILE16:  # (blocks, rows): the tile reductions run along axis 1
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
@@ -513,16 +558,27 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
     # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
-    ws_next = _load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
+    if TRANSPOSED:
+        ws_next = _load_column_words(x_ptr, _column_start(rows64, first, row_words, M), (rows < R) & (first < NBLK),
+                                     KIND)
+    else:
+        ws_next = _load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
         blks = first + chunk * NB
         ok = (rows < R) & (blks < NBLK)
-        word = rows64 * row_words + blks * WORDS
+        if TRANSPOSED:
+            word = _column_start(rows64, blks, row_words, M)
+        else:
+            word = rows64 * row_words + blks * WORDS
         # Read the next chunk before working on this one: its load latency hides behind this chunk's arithmetic.
         ws = ws_next
         nxt = blks + NB
-        ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
-                              WORDS, VEC)
+        if TRANSPOSED:
+            ws_next = _load_column_words(x_ptr, _column_start(rows64, nxt, row_words, M),
+                                         (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND)
+        else:
+            ws_next = _load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
+                                  WORDS, VEC)
         xs = _block_magnitudes(ws, KIND)
         # Step 2: block amax (NaN propagates).
         bamax = xs[0]
@@ -567,14 +623,23 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
             scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
             s = e4m3_round(scaled)
             inv = _inverse_scale(s, s_dec)
+            # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
-                lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE)
+                lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
+                dec = ()
+                if WRITE_DEC:
+                    for j in tl.static_range(8):
+                        dec = dec + (_decode_word(lo, hi, e4m3_value(sf), j), )
             else:
-                lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE, True)
+                if WRITE_DEC:
+                    lo, hi, dec = _fast_encode_decode(xs, ws, inv, s, KIND, True)
+                else:
+                    lo, hi, unused = _fast_candidate(xs, inv, s, True, False, MSE, True)
+                    dec = ()
                 lo, hi = _with_signs(lo, hi, ws, KIND, PTX)
                 sf = e4m3_byte(s)
-            _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, (),
+            _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, dec,
                          FOUR_SIX, TILE16, WRITE_DEC)
 
     if FOUR_SIX:
@@ -584,8 +649,12 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 if ((deferred >> chunk) & 1) != 0:
                     blks = first + chunk * NB
                     ok = (rows < R) & (blks < NBLK)
-                    pick, sf, lo, hi, dec = _four_six_exact(x_ptr, rows64 * row_words + blks * WORDS, ok, amax,
-                                                            s_enc, s_dec, six_b, KIND, MSE, TILE16, WRITE_DEC)
+                    if TRANSPOSED:
+                        where = _column_start(rows64, blks, row_words, M)
+                    else:
+                        where = rows64 * row_words + blks * WORDS
+                    pick, sf, lo, hi, dec = _four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
+                                                            TILE16, WRITE_DEC, TRANSPOSED)
                     _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
                                  pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
 
@@ -605,26 +674,37 @@ def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
     return 1
 
 
-def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool):
-    rows, cols = x.shape
+def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool,
+            transposed: bool = False):
+    """Outputs of the (rows, cols) matrix quantized: x itself, or with `transposed` x^T of a row-major x (M, K)
+    padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place."""
+    if transposed:
+        cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
+        words = x.view(torch.int16 if x.element_size() == 2 else torch.int32)  # element loads
+        launch = COLUMN_LAUNCH
+    else:
+        rows, cols = x.shape
+        words = x.view(torch.int32)
+        launch = LAUNCH[block if four_six else "nvfp4", decode]
     nblk = cols // 16
-    words = x.view(torch.int32)
     codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    launch = LAUNCH[block if four_six else "nvfp4", decode]
     row_groups, chunk_cols = triton.cdiv(rows, launch.rows), triton.cdiv(nblk, launch.blocks)
     chunks = _chunks_per_program(chunk_cols, row_groups, launch.most_chunks)
+    if chunk_cols // chunks > MAX_GRID_Y:
+        raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
+                         f"kernel's grid takes at most {MAX_GRID_Y}: split x")
     if rows and nblk:
         _quantize_kernel[(row_groups, chunk_cols // chunks)](
             words, amax, codes.view(torch.int32), scales, scales if map4 is None else map4.view(torch.uint8),
             scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0), amax.dim(), chunks,
-            KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16", MSE=err_mode == "mse",
-            SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
-            VEC=x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
+            x.shape[0], KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
+            MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
+            VEC=not transposed and x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
             SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
-            num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
+            TRANSPOSED=transposed, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
@@ -653,3 +733,49 @@ def nvfp4_quantize(x, amax):
     codes, scales, _, _ = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
                                   decode=False)
     return codes, scales
+
+
+def nvfp4_quantize_decode(x, amax):
+    """(bf16 block-scaled decode, codes, scales) of standard NVFP4 from one read of x; bitwise equal to
+    reference.nvfp4_reference and numerics.quantize.decode_block_scaled of its output."""
+    codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
+                                    decode=True)
+    return dec, codes, scales
+
+
+def eligible_columnwise(x: torch.Tensor) -> bool:
+    """Inputs the columnwise kernels take: CUDA, unit column stride (any row stride)."""
+    return x.is_cuda and x.stride(1) == 1
+
+
+def _check_columnwise(x, amax, err_mode: str = "mse", scale_bound: int = 448):
+    """The columnwise launchers' own argument checks (their numerics-level twins do not exist yet)."""
+    check_choice("err_mode", err_mode, ERR_MODES)
+    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
+    if x.dim() != 2 or x.dtype not in _INPUT_KIND:
+        raise ValueError(f"x must be a 2-D bfloat16, float16 or float32 tensor, got {x.dtype} {tuple(x.shape)}")
+    if x.shape[0] and x.shape[1] and x.stride(1) != 1:
+        raise ValueError(f"x must have unit column stride (row-major rows), got strides {x.stride()}")
+    if amax.dtype != torch.float32 or amax.dim() != 0 or amax.device != x.device:
+        raise ValueError(f"columnwise quantization takes one FP32 amax per tensor (shape ()) on {x.device}, got "
+                         f"{amax.dtype} {tuple(amax.shape)} on {amax.device}")
+
+
+def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False):
+    """Four-over-six (1x16 blocks, per-tensor amax) of x^T for a row-major x (M, K), read in place: x^T padded
+    with zero columns to ceil16(M), i.e. the quantization of ops.operands.pad_rows(x).t().contiguous(), without
+    materializing it. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode (K, ceil16(M)) if
+    `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool (K, ceil16(M) / 16)."""
+    _check_columnwise(x, amax, err_mode, scale_bound)
+    codes, scales, map4, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
+                                       scale_bound=scale_bound, decode=decode, transposed=True)
+    return dec, codes, scales, map4
+
+
+def nvfp4_quantize_columnwise(x, amax, decode: bool = False):
+    """Standard NVFP4 of x^T for a row-major x (M, K), read in place (as four_over_six_quantize_columnwise).
+    Returns (dec, codes, scales), dec None unless `decode`."""
+    _check_columnwise(x, amax)
+    codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
+                                    decode=decode, transposed=True)
+    return dec, codes, scales

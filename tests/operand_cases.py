@@ -1,0 +1,103 @@
+"""Bitwise checks of the operand kernels (fused NVFP4 quantize-decode, columnwise quantization, decode) against
+the reference compositions they replace; shared by the interpreter sweep and the GPU sweep.
+
+Each compare_* returns the names of the outputs that differ ([]: bitwise equal). NaN values compare by
+position only (a NaN's payload depends on the device's arithmetic), every other byte counts.
+"""
+
+import torch
+
+from kernel_cases import _data
+from titan_fp4six.numerics import decode_block_scaled, nvfp4_dequantize, reference, tensor_amax
+from titan_fp4six.ops.operands import pad_rows
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal dtype, shape and bytes; NaN positions equal (their payloads may differ)."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    if got.is_floating_point() and got.element_size() > 1:
+        nan = want.isnan()
+        return torch.equal(got.isnan(), nan) and torch.equal(_bits(got)[~nan], _bits(want)[~nan])
+    return torch.equal(_bits(got), _bits(want))
+
+
+def _diffs(prefix, got: dict, want: dict):
+    return [f"{prefix}.{name}" for name in want if not same_bytes(got[name], want[name])]
+
+
+def compare_nvfp4_decode(kq, x, amax):
+    """nvfp4_quantize_decode against nvfp4_reference + decode_block_scaled."""
+    codes, scales = reference.nvfp4_reference(x, amax)
+    dec, c, s = kq.nvfp4_quantize_decode(x, amax)
+    return _diffs("nvfp4_decode", {"codes": c, "scales": s, "dec": dec},
+                  {"codes": codes, "scales": scales, "dec": decode_block_scaled(codes, scales)})
+
+
+def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
+    """The columnwise kernels on x (M, K) against the reference on pad_rows(x).t().contiguous()."""
+    xt = pad_rows(x).t().contiguous()
+    bad = []
+    codes, scales, map4 = reference.four_over_six_reference(xt, amax, "1x16", err_mode, scale_bound)
+    dec, c, s, m = kq.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode)
+    want = {"codes": codes, "scales": scales, "map4": map4}
+    got = {"codes": c, "scales": s, "map4": m}
+    if decode:
+        want["dec"], got["dec"] = decode_block_scaled(codes, scales), dec
+    elif dec is not None:
+        bad.append("columnwise.dec (not None without decode)")
+    bad += _diffs(f"columnwise[{err_mode},{scale_bound},decode={decode}]", got, want)
+    if nvfp4:
+        codes, scales = reference.nvfp4_reference(xt, amax)
+        dec, c, s = kq.nvfp4_quantize_columnwise(x, amax, decode)
+        want, got = {"codes": codes, "scales": scales}, {"codes": c, "scales": s}
+        if decode:
+            want["dec"], got["dec"] = decode_block_scaled(codes, scales), dec
+        bad += _diffs(f"nvfp4_columnwise[decode={decode}]", got, want)
+    return bad
+
+
+def compare_decode(kd, codes, scales, amax, scale_bound, dtype):
+    """decode_block_scaled and nvfp4_dequantize kernels against numerics.quantize's."""
+    bad = _diffs("decode_block_scaled", {"dec": kd.decode_block_scaled(codes, scales)},
+                 {"dec": decode_block_scaled(codes, scales)})
+    got = kd.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype)
+    want = nvfp4_dequantize(codes, scales, amax, scale_bound=scale_bound, dtype=dtype)
+    return bad + _diffs(f"nvfp4_dequantize[{scale_bound},{dtype},amax{tuple(amax.shape)}]", {"v": got}, {"v": want})
+
+
+def column_case(kind, m, k, dtype, gen, row_stride=None):
+    """(x, amax): x (m, k) row-major in dtype whose columns carry the kind's blocks (kernel_cases' data built for
+    x^T, so ties and edge blocks line up with the columnwise blocks), amax per tensor. With row_stride, x is a
+    view into wider rows."""
+    mpad = -(-m // 16) * 16
+    data, amax = _data(kind, k, mpad, 256, gen)
+    x = data.t()[:m].to(dtype)
+    if row_stride is not None:
+        wide = torch.zeros(m, row_stride, dtype=dtype)
+        wide[:, :k] = x
+        x = wide[:, :k]
+    else:
+        x = x.contiguous()
+    return x, (tensor_amax(x) if amax is None else amax).float()
+
+
+def decode_case(rows, cols, gen, edge: bool):
+    """Random codes and scales (every byte pattern; with `edge` the scales include NaN, zero, subnormal and
+    the largest E4M3 values) and amax vectors with zero, tiny, huge, Inf and NaN rows."""
+    codes = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(0, 256, (rows, cols // 16), dtype=torch.uint8, generator=gen)
+    if edge:
+        flat = scales.view(-1)
+        special = torch.tensor([0x7F, 0xFF, 0x00, 0x80, 0x01, 0x07, 0x7E, 0x08], dtype=torch.uint8)
+        idx = torch.arange(0, flat.numel(), 5)
+        flat[idx] = special[torch.arange(idx.numel()) % special.numel()]
+    amax_rows = torch.rand(rows, generator=gen) * 10
+    special = torch.tensor([0.0, 1e-40, 3e38, float("inf"), float("nan"), 2.0 ** -126])
+    idx = torch.arange(0, rows, 6)
+    amax_rows[idx] = special[torch.arange(idx.numel()) % special.numel()]
+    return codes, scales.view(torch.float8_e4m3fn), amax_rows

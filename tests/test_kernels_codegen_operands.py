@@ -1,0 +1,74 @@
+"""The operand kernels' generated code, compiled ahead of time for Hopper (sm_90) on the CPU: they compile (the
+GPU-only branches included), contract no a*b + c into an FMA (the only FMAs are the quantizer's explicit ones,
+as in test_kernels_codegen.py), divide with div.rn only and are FP32 throughout."""
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+
+def _compile(fn, signature, constexprs, num_warps=1) -> str:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**signature, **{k: "constexpr" for k in constexprs}}
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"enable_fp_fusion": False, "num_warps": num_warps})
+    except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
+        if "CompilationError" in type(exc).__name__:
+            raise
+        pytest.skip(f"cannot compile for sm_90 here: {exc}")
+    return compiled.asm["ptx"]
+
+
+def _quantizer_ptx(kind: int, four_six: bool, transposed: bool) -> str:
+    from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
+
+    launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
+    signature = {"x_ptr": "*i16" if transposed and kind else "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32",
+                 "scales_ptr": "*u8", "map4_ptr": "*u8", "dec_ptr": "*i32", "R": "i32", "NBLK": "i32",
+                 "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
+    constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
+                      WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
+                      NB=launch.blocks, TRANSPOSED=transposed)
+    return _compile(_quantize_kernel, signature, constexprs, launch.warps)
+
+
+def _fmas(ptx: str) -> int:
+    return len(re.findall(r"\bfma\.rn\.f32\b", ptx))
+
+
+def _check_rounding(ptx: str) -> None:
+    assert not re.search(r"\bdiv\.(full|approx)\.f32\b", ptx)
+    assert not re.search(r"\.f64\b", ptx)
+
+
+def test_columnwise_four_over_six_with_decode():
+    """Same explicit FMAs as the row-major 1x16 kernel: two per element and candidate, three per candidate's
+    bounds, two for div6, four per candidate's Newton inverse scale."""
+    ptx = _quantizer_ptx(1, True, True)
+    assert _fmas(ptx) == 2 * 16 * 2 + 3 * 2 + 2 + 4 * 2
+    assert re.search(r"\bdiv\.rn\.f32\b", ptx)
+    _check_rounding(ptx)
+
+
+@pytest.mark.parametrize("kind, transposed", ((1, False), (0, True)))
+def test_nvfp4_with_decode(kind, transposed):
+    ptx = _quantizer_ptx(kind, False, transposed)
+    assert _fmas(ptx) == 0
+    _check_rounding(ptx)
+
+
+def test_decode_kernel():
+    from titan_fp4six.kernels import decode as kd
+
+    signature = {"codes_ptr": "*u8", "scales_ptr": "*u8", "amax_ptr": "*fp32", "out_ptr": "*bf16", "R": "i32",
+                 "NBLK": "i32", "amax_stride": "i32"}
+    constexprs = dict(GLOBAL=True, R6B=1.0 / 1536.0, OUT=0, BR=kd.BLOCK_ROWS, NB=kd.BLOCK_BLOCKS)
+    ptx = _compile(kd._decode_kernel, signature, constexprs, kd.WARPS)
+    assert _fmas(ptx) == 0 and not re.search(r"\bdiv\.", ptx)
+    _check_rounding(ptx)

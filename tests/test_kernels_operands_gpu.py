@@ -1,0 +1,124 @@
+"""GPU sweep of the operand kernels: fused NVFP4 quantize-decode, columnwise (x^T read in place) 4/6 and NVFP4
+quantization with and without the decode, and the decode kernels, bitwise against the reference compositions
+they replace, run on the same GPU (tests/operand_cases.py), over realistic and ragged shapes, every dtype and
+knob, and adversarial data."""
+
+import itertools
+
+import pytest
+import torch
+
+from kernel_cases import KINDS, cases, near_tie_case
+from operand_cases import column_case, compare_columnwise, compare_decode, compare_nvfp4_decode, decode_case
+from titan_fp4six import numerics
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+KNOBS = list(itertools.product(("mae", "mse"), (256, 448)))
+ROW_SHAPES = [(1, 16), (7, 48), (33, 272), (64, 2064), (256, 4096)]
+# (M, K): M ragged (zero-row padding) and not, K not a multiple of the 32-column programs, realistic sizes last.
+COLUMN_SHAPES = [(1, 16), (5, 7), (16, 33), (37, 272), (100, 400), (255, 1000), (1024, 2048)]
+
+
+@pytest.fixture(scope="module")
+def kq():
+    from titan_fp4six.kernels import quantize
+    return quantize
+
+
+@pytest.fixture(scope="module")
+def kd():
+    from titan_fp4six.kernels import decode
+    return decode
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nvfp4_quantize_decode_sweep(kq, dtype):
+    checked, failures = 0, []
+    for label, x, amax, block in cases(ROW_SHAPES, (dtype, ), KINDS, seed=2):
+        if block != "1x16":
+            continue
+        checked += 1
+        bad = compare_nvfp4_decode(kq, x.cuda(), amax.cuda())
+        if bad:
+            failures.append(f"{label}: {bad}")
+    print(f"\n[{dtype}] NVFP4 quantize-decode configurations checked bitwise: {checked}")
+    assert not failures, f"{len(failures)}/{checked} mismatching:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_columnwise_sweep(kq, dtype):
+    gen = torch.Generator().manual_seed(3)
+    checked, failures = 0, []
+    for (m, k), kind in itertools.product(COLUMN_SHAPES, KINDS):
+        x, amax = column_case(kind, m, k, dtype, gen)
+        x, amax = x.cuda(), amax.cuda()
+        for (err_mode, bound), decode in itertools.product(KNOBS, (False, True)):
+            checked += 1
+            bad = compare_columnwise(kq, x, amax, err_mode, bound, decode, nvfp4=(err_mode, bound) == ("mse", 448))
+            if bad:
+                failures.append(f"{m}x{k}/{kind} {err_mode} B={bound} decode={decode}: {bad}")
+    print(f"\n[{dtype}] columnwise configurations checked bitwise: {checked}")
+    assert not failures, f"{len(failures)}/{checked} mismatching:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("err_mode, bound", KNOBS)
+def test_columnwise_near_tied_candidate_errors(kq, err_mode, bound):
+    x, amax = near_tie_case("1x16", err_mode, bound, count=256)
+    x = x.t().contiguous().cuda()  # columnwise quantizes x^T: the near-tie blocks
+    for decode in (False, True):
+        assert compare_columnwise(kq, x, amax.cuda(), err_mode, bound, decode, nvfp4=False) == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_columnwise_rows_in_wider_storage(kq, dtype):
+    """x a view of the first K columns of wider rows (row stride > K), odd strides included."""
+    gen = torch.Generator().manual_seed(4)
+    for m, k, stride in ((37, 272, 301), (64, 100, 129), (1000, 512, 1024)):
+        x, amax = column_case("normal", m, k, dtype, gen, row_stride=stride)
+        assert x.stride(0) == stride
+        assert compare_columnwise(kq, x.cuda(), amax.cuda(), "mse", 256, True) == []
+
+
+def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for m, k in ((8192, 5120), (4100, 7168)):
+        x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+        amax = numerics.tensor_amax(x)
+        assert compare_columnwise(kq, x, amax, "mse", 256, True) == []
+        first = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
+        again = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
+        for a, b in zip(first, again):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_nvfp4_quantize_decode_realistic_shape(kq):
+    x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)
+    for amax in (numerics.tensor_amax(x), numerics.row_amax(x)):
+        assert compare_nvfp4_decode(kq, x, amax) == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_kernels_sweep(kd, dtype):
+    gen = torch.Generator().manual_seed(6)
+    failures = []
+    for (rows, cols), edge in itertools.product(((1, 16), (9, 48), (33, 1040), (4096, 7168)), (True, False)):
+        codes, scales, amax_rows = decode_case(rows, cols, gen, edge)
+        codes, scales, amax_rows = codes.cuda(), scales.cuda(), amax_rows.cuda()
+        for bound in (256, 448):
+            for amax in (amax_rows, amax_rows[-1].clone(), torch.tensor(2.5, device="cuda")):
+                bad = compare_decode(kd, codes, scales, amax, bound, dtype)
+                if bad:
+                    failures.append(f"{rows}x{cols} edge={edge} B={bound}: {bad}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
+    """The decode kernel on a quantizer's codes and scales gives the fused kernel's decode, row and column."""
+    x = torch.randn(1000, 2064, device="cuda", dtype=torch.bfloat16)
+    amax = numerics.tensor_amax(x)
+    dec, codes, scales, _ = kq.four_over_six_quantize_decode(x, amax, "1x16", "mse", 256)
+    assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
+    dec, codes, scales, _ = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
+    assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))

@@ -1,0 +1,109 @@
+"""Triton decode of NVFP4 codes and E4M3 block scales: one read of codes and scales, one write of the values.
+
+Bitwise equal to numerics.quantize.decode_block_scaled (e2m1 value * f32(scale), exact in bf16) and to
+numerics.quantize.nvfp4_dequantize (value = e2m1 value * ((f32(scale) * amax) * fl(1/(6B))) in FP32, then
+cast to the output dtype with round-to-nearest-even): the same FP32 operations in the same order, one at a
+time (no FMA contraction). Launchers take validated, contiguous CUDA tensors (or run under the interpreter).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .bits import SIGN_BIT, e2m1_value
+
+# A program decodes 8 rows x 32 blocks (4096 values), two blocks per thread: 8-byte code loads, 32-byte stores.
+BLOCK_ROWS = 8
+BLOCK_BLOCKS = 32
+WARPS = 4
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
+COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the reference multiplies and rounds one operation at a time
+_OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+TWO_TO_120 = tl.constexpr(2.0 ** 120)
+
+
+@triton.jit
+def e4m3_value(byte):
+    """float8_e4m3fn byte (int32 0..255) -> its FP32 value, exactly as scales.float(): the byte's exponent and
+    mantissa bits shifted by 20 land in FP32's fields with a bias 120 larger, so times 2^120 (exact, subnormals
+    included: k * 2^-129 becomes k * 2^-9) is the magnitude; 0x7F and 0xFF are NaN; the sign is set by bits."""
+    mag = (((byte & 0x7F) << 20).to(tl.float32, bitcast=True) * TWO_TO_120).to(tl.int32, bitcast=True)
+    mag = tl.where((byte & 0x7F) == 0x7F, 0x7FC00000, mag)  # NaN
+    return (mag | tl.where(byte >= 128, SIGN_BIT, 0)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_rne(v):
+    """FP32 -> bf16 rounded to nearest even, as PyTorch's .to(torch.bfloat16), in integer operations (Triton's
+    interpreter truncates instead): add 0x7FFF plus the kept part's lowest bit, keep the high half. Infinities
+    stay, overflow rounds to infinity, NaN stays NaN (quiet)."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    half = tl.where(v != v, (bits >> 16) | 0x40, rounded)
+    return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["R", "NBLK", "amax_stride"])
+def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, out_ptr, R, NBLK, amax_stride, GLOBAL: tl.constexpr,
+                   R6B: tl.constexpr, OUT: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+    """Values of BR rows x NB blocks: e2m1 value * f32(scale), times the global factor when GLOBAL
+    (scale = (f32(sf) * amax) * R6B, R6B = fl(1/(6B)), amax per tensor (amax_stride 0) or per row (1))."""
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
+    blks = (tl.program_id(1) * NB + tl.arange(0, NB))[None, :]
+    ok = (rows < R) & (blks < NBLK)
+    rows64 = rows.to(tl.int64)
+    scale = e4m3_value(tl.load(scales_ptr + rows64 * NBLK + blks, mask=ok, other=0).to(tl.int32))
+    if GLOBAL:
+        amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
+        scale = (scale * amax) * R6B
+    scale = scale[:, :, None]
+    byte = (rows64 * (NBLK * 8) + blks * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]
+    codes = tl.load(codes_ptr + byte, mask=ok[:, :, None], other=0).to(tl.int32)
+    low = e2m1_value(codes & 15) * scale  # element 2j: the byte's low nibble
+    high = e2m1_value(codes >> 4) * scale
+    values = tl.reshape(tl.join(low, high), [BR, NB, 16])
+    if OUT == 0:
+        values = _bf16_rne(values)
+    elif OUT == 1:
+        values = values.to(tl.float16)
+    out = (rows64 * (NBLK * 16) + blks * 16)[:, :, None] + tl.arange(0, 16)[None, None, :]
+    tl.store(out_ptr + out, values, mask=ok[:, :, None])
+
+
+def _f32_reciprocal(value: float) -> float:
+    """fl(1 / value) in FP32, as a Python float."""
+    return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
+
+
+def _decode(codes, scales, amax, scale_bound, dtype):
+    rows, half = codes.shape
+    nblk = half // 8
+    out = torch.empty(rows, half * 2, dtype=dtype, device=codes.device)
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(nblk, BLOCK_BLOCKS))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"codes of shape {tuple(codes.shape)} need {grid[1]} programs along a row; the grid takes "
+                         f"at most {MAX_GRID_Y}")
+    if rows and nblk:
+        _decode_kernel[grid](codes, scales.view(torch.uint8), scales if amax is None else amax, out, rows, nblk,
+                             0 if amax is None else amax.dim(), GLOBAL=amax is not None,
+                             R6B=_f32_reciprocal(6.0 * scale_bound), OUT=_OUT_KIND[dtype], BR=BLOCK_ROWS,
+                             NB=BLOCK_BLOCKS, num_warps=WARPS, **COMPILE_OPTIONS)
+    return out
+
+
+def eligible(codes: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Inputs the decode kernels take (shapes and dtypes already validated): contiguous CUDA codes and scales."""
+    return codes.is_cuda and scales.is_cuda and codes.is_contiguous() and scales.is_contiguous()
+
+
+def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 (R, C) e2m1 value * f32(block scale) of codes uint8 (R, C/2) and scales float8_e4m3fn (R, C/16);
+    bitwise equal to numerics.quantize.decode_block_scaled (exact: at most 6 significant bits)."""
+    return _decode(codes, scales, None, 256, torch.bfloat16)
+
+
+def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(R, C) values e2m1 * ((f32(sf) * amax) * fl(1/(6B))) in dtype (bf16, fp16 or fp32), amax FP32 of shape ()
+    or (R,); bitwise equal to numerics.quantize.nvfp4_dequantize."""
+    return _decode(codes, scales, amax, scale_bound, dtype)
