@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 
-from kernel_cases import KINDS, cases, near_tie_case
-from operand_cases import column_case, compare_columnwise, compare_decode, compare_nvfp4_decode, decode_case
-from titan_fp4six import numerics
+from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
+from tests.helpers.operand_cases import column_case, compare_columnwise, compare_decode, compare_nvfp4_decode, decode_case
+from titan_fp4six import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -85,7 +85,7 @@ def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
     gen = torch.Generator(device="cuda").manual_seed(5)
     for m, k in ((8192, 5120), (4100, 7168)):
         x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
-        amax = numerics.tensor_amax(x)
+        amax = dispatch.tensor_amax(x)
         assert compare_columnwise(kq, x, amax, "mse", 256, True) == []
         first = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
         again = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
@@ -95,7 +95,7 @@ def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
 
 def test_nvfp4_quantize_decode_realistic_shape(kq):
     x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)
-    for amax in (numerics.tensor_amax(x), numerics.row_amax(x)):
+    for amax in (dispatch.tensor_amax(x), dispatch.row_amax(x)):
         assert compare_nvfp4_decode(kq, x, amax) == []
 
 
@@ -117,7 +117,7 @@ def test_decode_kernels_sweep(kd, dtype):
 def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
     """The decode kernel on a quantizer's codes and scales gives the fused kernel's decode, row and column."""
     x = torch.randn(1000, 2064, device="cuda", dtype=torch.bfloat16)
-    amax = numerics.tensor_amax(x)
+    amax = dispatch.tensor_amax(x)
     dec, codes, scales, _ = kq.four_over_six_quantize_decode(x, amax, "1x16", "mse", 256)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
     dec, codes, scales, _ = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)

@@ -74,7 +74,7 @@ def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "aut
     """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
     if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer):
         return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer))
-    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer))
+    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer)[:2])
 
 
 def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:

@@ -35,6 +35,8 @@ def _kernel_module(name: str):
     try:
         if name == "quantize":
             from ..kernels import quantize as module
+        elif name == "decode":
+            from ..kernels import decode as module
         else:
             from ..kernels import amax as module
     except ImportError as exc:
@@ -42,8 +44,9 @@ def _kernel_module(name: str):
     return module
 
 
-def kernels_for(x: torch.Tensor, quantizer: str, name: str):
-    """The kernels module `name` ("quantize", "amax") to run on x, or None for the reference.
+def kernels_for(x: torch.Tensor, quantizer: str, name: str, *more: torch.Tensor, check: str = "eligible"):
+    """The kernels module `name` ("quantize", "amax", "decode") to run on x (and `more` inputs), or None for
+    the reference. `check` names the module's predicate that must accept the inputs.
 
     Never called while torch.compile traces: the public entry points are custom ops there (library.py).
     """
@@ -62,7 +65,7 @@ def kernels_for(x: torch.Tensor, quantizer: str, name: str):
             raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({module})")
         _log.debug("%s: reference path (Triton kernels unavailable: %s)", name, module)
         return None
-    if not module.eligible(x):
+    if not getattr(module, check)(x, *more):
         if strict:
             raise ValueError(f"quantizer='triton': the {name} kernel does not take x {x.dtype} {tuple(x.shape)} "
                              f"strides {x.stride()}; use quantizer='auto' to fall back to the reference")

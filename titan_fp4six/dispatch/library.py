@@ -52,7 +52,7 @@ def _(x, amax, block, err_mode, scale_bound, quantizer, choose):
 
 @torch.library.custom_op("titan_fp4six::nvfp4_quantize", mutates_args=())
 def nvfp4_op(x: torch.Tensor, amax: torch.Tensor, quantizer: str) -> _Tensors2:
-    return run_nvfp4(x, amax, quantizer)
+    return run_nvfp4(x, amax, quantizer)[:2]
 
 
 @nvfp4_op.register_fake

@@ -8,6 +8,7 @@ implementation runs.
 import torch
 
 from ..numerics import reference
+from ..numerics.formats import BLOCK_SIZE
 from .backend import kernels_for
 
 
@@ -27,19 +28,63 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
     return codes, scales, map4, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
 
-def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str):
-    """(codes, scales) of standard NVFP4 (B=448, 1x16) of a validated 2-D x."""
+def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool = False):
+    """(codes, scales, bf16 block-scaled decode or None) of standard NVFP4 (B=448, 1x16) of a validated 2-D x."""
     kernels = kernels_for(x, quantizer, "quantize")
-    return kernels.nvfp4_quantize(x, amax) if kernels is not None else reference.nvfp4_reference(x, amax)
+    if kernels is not None:
+        if decode:
+            dec, codes, scales = kernels.nvfp4_quantize_decode(x, amax)
+            return codes, scales, dec
+        return (*kernels.nvfp4_quantize(x, amax), None)
+    codes, scales = reference.nvfp4_reference(x, amax)
+    return codes, scales, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
+
+
+def _columnwise_kernels(x: torch.Tensor, amax: torch.Tensor, quantizer: str):
+    return kernels_for(x, quantizer, "quantize", check="eligible_columnwise") if amax.dim() == 0 else None
+
+
+def _padded_transpose(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) -> x^T (K, ceil16(M)) with zero columns appended: zeros are transparent to the quantizers (they
+    never raise a block amax, encode exactly and add +0 to both candidates' errors)."""
+    extra = -x.shape[0] % BLOCK_SIZE
+    return torch.nn.functional.pad(x, (0, 0, 0, extra)).t().contiguous()
+
+
+def run_four_over_six_columnwise(x: torch.Tensor, amax: torch.Tensor, err_mode: str, scale_bound: int,
+                                 quantizer: str, decode: bool, choose: bool = True):
+    """Four-over-six (1x16) of x^T for a 2-D x (M, K) with a per-tensor amax, blocked along M: (codes, scales,
+    map4, decode or None) of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes
+    the zero-padded transpose (same bytes)."""
+    kernels = _columnwise_kernels(x, amax, quantizer) if choose else None
+    if kernels is not None:
+        dec, codes, scales, map4 = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode)
+        return codes, scales, map4, dec
+    return run_four_over_six(_padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose)
+
+
+def run_nvfp4_columnwise(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool):
+    """Standard NVFP4 of x^T for a 2-D x (M, K), blocked along M, as run_four_over_six_columnwise."""
+    kernels = _columnwise_kernels(x, amax, quantizer)
+    if kernels is not None:
+        dec, codes, scales = kernels.nvfp4_quantize_columnwise(x, amax, decode)
+        return codes, scales, dec
+    return run_nvfp4(_padded_transpose(x), amax, quantizer, decode)
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str = "auto",
                             dtype=torch.bfloat16) -> torch.Tensor:
     """Exact e2m1 * block scale of validated codes and scales (in bf16: the emulated GEMMs' operand)."""
+    kernels = kernels_for(codes, quantizer, "decode", scales) if dtype == torch.bfloat16 else None
+    if kernels is not None:
+        return kernels.decode_block_scaled(codes, scales)
     return reference.decode_block_scaled_reference(codes, scales, dtype)
 
 
 def run_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int, dtype,
                    quantizer: str = "auto") -> torch.Tensor:
     """Real values of validated codes, scales and amax, in dtype."""
+    kernels = kernels_for(codes, quantizer, "decode", scales)
+    if kernels is not None:
+        return kernels.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype)
     return reference.dequantize_reference(codes, scales, amax, scale_bound, dtype)

@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..numerics.validation import ERR_MODES, SCALE_BOUNDS, check_choice
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, nan_max, tree_sum16)
 from .decode import e4m3_value
@@ -748,25 +747,12 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
     return x.is_cuda and x.stride(1) == 1
 
 
-def _check_columnwise(x, amax, err_mode: str = "mse", scale_bound: int = 448):
-    """The columnwise launchers' own argument checks (their numerics-level twins do not exist yet)."""
-    check_choice("err_mode", err_mode, ERR_MODES)
-    check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
-    if x.dim() != 2 or x.dtype not in _INPUT_KIND:
-        raise ValueError(f"x must be a 2-D bfloat16, float16 or float32 tensor, got {x.dtype} {tuple(x.shape)}")
-    if x.shape[0] and x.shape[1] and x.stride(1) != 1:
-        raise ValueError(f"x must have unit column stride (row-major rows), got strides {x.stride()}")
-    if amax.dtype != torch.float32 or amax.dim() != 0 or amax.device != x.device:
-        raise ValueError(f"columnwise quantization takes one FP32 amax per tensor (shape ()) on {x.device}, got "
-                         f"{amax.dtype} {tuple(amax.shape)} on {amax.device}")
-
-
 def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False):
     """Four-over-six (1x16 blocks, per-tensor amax) of x^T for a row-major x (M, K), read in place: x^T padded
-    with zero columns to ceil16(M), i.e. the quantization of ops.operands.pad_rows(x).t().contiguous(), without
-    materializing it. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode (K, ceil16(M)) if
+    with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
+    materializing it. Arguments checked by the caller (the dispatch layer): knobs valid, amax FP32 of shape () on
+    x's device, x eligible_columnwise. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode (K, ceil16(M)) if
     `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool (K, ceil16(M) / 16)."""
-    _check_columnwise(x, amax, err_mode, scale_bound)
     codes, scales, map4, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
                                        scale_bound=scale_bound, decode=decode, transposed=True)
     return dec, codes, scales, map4
@@ -775,7 +761,6 @@ def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, 
 def nvfp4_quantize_columnwise(x, amax, decode: bool = False):
     """Standard NVFP4 of x^T for a row-major x (M, K), read in place (as four_over_six_quantize_columnwise).
     Returns (dec, codes, scales), dec None unless `decode`."""
-    _check_columnwise(x, amax)
     codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
                                     decode=decode, transposed=True)
     return dec, codes, scales

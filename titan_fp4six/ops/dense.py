@@ -15,7 +15,8 @@ from ..numerics.formats import STANDARD_BOUND
 from ..numerics.reference import global_decode_factor
 from .checks import check_dense
 from .gemm import decode_on, gemm_nt, row_split
-from .operands import Operand, pad_rows, quantize_46, quantize_standard, transposed_tiles
+from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
+                       transposed_tiles)
 from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
 
@@ -52,7 +53,8 @@ def _(x, weight, recipe):
 def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOverSixRecipe, x_dtype, w_dtype,
                      need_dx, need_dw):
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy in standard NVFP4
-    with its own per-tensor amax, x and W columnwise with the forward's amax."""
+    with its own per-tensor amax, x and W columnwise with the forward's amax. Columnwise operands are blocked
+    along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing)."""
     dy_amax = run_tensor_amax(dy, r.quantizer)
     dy_factor = global_decode_factor(dy_amax, STANDARD_BOUND)
     w_factor = global_decode_factor(w_amax, r.scale_bound)
@@ -62,12 +64,11 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
         if r.weight_block == "16x16":
             w_col = transposed_tiles(Operand(w_codes, w_scales), decode)
         else:
-            w_col, _ = quantize_46(weight.t(), w_amax, "1x16", r, decode, weight=True)
-        dx = gemm_nt(quantize_standard(dy, dy_amax, r), dy_factor, w_col, w_factor, x_dtype, r.gemm)
+            w_col = quantize_46_columnwise(weight, w_amax, r, decode, weight=True)
+        dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_factor, w_col, w_factor, x_dtype, r.gemm)
     if need_dw:
-        # blocking along the token dimension M: zero rows up to a multiple of 16 change nothing
-        dy_col = quantize_standard(pad_rows(dy).t(), dy_amax, r)
-        x_col, _ = quantize_46(pad_rows(x).t(), x_amax, "1x16", r, decode, weight=False)
+        dy_col = quantize_standard_columnwise(dy, dy_amax, r, decode)
+        x_col = quantize_46_columnwise(x, x_amax, r, decode, weight=False)
         dw = gemm_nt(dy_col, dy_factor, x_col, global_decode_factor(x_amax, r.scale_bound), w_dtype, r.gemm)
     return dx, dw
 

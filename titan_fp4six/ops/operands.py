@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dispatch.quantize import run_decode_block_scaled, run_four_over_six, run_nvfp4
+from ..dispatch.quantize import (run_decode_block_scaled, run_four_over_six, run_four_over_six_columnwise, run_nvfp4,
+                                 run_nvfp4_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from .recipe import FourOverSixRecipe
 
@@ -34,25 +35,34 @@ def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOve
     """Four-over-six quantize of a weight (weight=True) or activation operand with the recipe's knobs, the
     candidate choice as the recipe's `scope` says for that role (fused with the bf16 decode when the emulated
     GEMM will need it); returns the operand and the map-to-4 mask."""
-    choose = recipe.weights_choose if weight else recipe.activations_choose
     codes, scales, map4, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode,
-                                                     recipe.scale_bound, recipe.quantizer, decode, choose)
+                                                     recipe.scale_bound, recipe.quantizer, decode,
+                                                     _chooses(recipe, weight))
     return Operand(codes, scales, decoded), map4
 
 
-def quantize_standard(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe) -> Operand:
+def quantize_46_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe, decode: bool,
+                           weight: bool) -> Operand:
+    """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K) and a per-tensor amax, 1x16 blocks along M (the
+    quantized backward's columnwise operands), read from x in place on CUDA."""
+    codes, scales, _, decoded = run_four_over_six_columnwise(x, amax, recipe.err_mode, recipe.scale_bound,
+                                                             recipe.quantizer, decode, _chooses(recipe, weight))
+    return Operand(codes, scales, decoded)
+
+
+def quantize_standard(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe, decode: bool) -> Operand:
     """Standard NVFP4 (B=448, 1x16): the gradient operand of the quantized backward."""
-    return Operand(*run_nvfp4(x.contiguous(), amax, recipe.quantizer))
+    return Operand(*run_nvfp4(x.contiguous(), amax, recipe.quantizer, decode))
 
 
-def pad_rows(x: torch.Tensor, multiple: int = BLOCK_SIZE) -> torch.Tensor:
-    """Zero rows appended up to a multiple of 16, so a transpose can be blocked along them.
+def quantize_standard_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe,
+                                 decode: bool) -> Operand:
+    """Standard NVFP4 of x^T (K, ceil16(M)), blocked along M (the gradient's operand of the weight GEMM)."""
+    return Operand(*run_nvfp4_columnwise(x, amax, recipe.quantizer, decode))
 
-    Transparent to the quantizers and the GEMM: zeros never raise a block amax, encode exactly (adding +0 to
-    both candidates' errors) and contribute nothing to a dot product.
-    """
-    extra = -x.shape[0] % multiple
-    return torch.nn.functional.pad(x, (0, 0, 0, extra)) if extra else x
+
+def _chooses(recipe: FourOverSixRecipe, weight: bool) -> bool:
+    return recipe.weights_choose if weight else recipe.activations_choose
 
 
 def transpose_tiles(op: Operand) -> Operand:

@@ -7,9 +7,9 @@ position only (a NaN's payload depends on the device's arithmetic), every other 
 
 import torch
 
-from kernel_cases import _data
-from titan_fp4six.numerics import decode_block_scaled, nvfp4_dequantize, reference, tensor_amax
-from titan_fp4six.ops.operands import pad_rows
+from tests.helpers.kernel_cases import _data
+from titan_fp4six.dispatch import tensor_amax
+from titan_fp4six.numerics import reference
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -35,19 +35,19 @@ def compare_nvfp4_decode(kq, x, amax):
     codes, scales = reference.nvfp4_reference(x, amax)
     dec, c, s = kq.nvfp4_quantize_decode(x, amax)
     return _diffs("nvfp4_decode", {"codes": c, "scales": s, "dec": dec},
-                  {"codes": codes, "scales": scales, "dec": decode_block_scaled(codes, scales)})
+                  {"codes": codes, "scales": scales, "dec": reference.decode_block_scaled_reference(codes, scales)})
 
 
 def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
-    """The columnwise kernels on x (M, K) against the reference on pad_rows(x).t().contiguous()."""
-    xt = pad_rows(x).t().contiguous()
+    """The columnwise kernels on x (M, K) against the reference on torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()."""
+    xt = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
     bad = []
     codes, scales, map4 = reference.four_over_six_reference(xt, amax, "1x16", err_mode, scale_bound)
     dec, c, s, m = kq.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode)
     want = {"codes": codes, "scales": scales, "map4": map4}
     got = {"codes": c, "scales": s, "map4": m}
     if decode:
-        want["dec"], got["dec"] = decode_block_scaled(codes, scales), dec
+        want["dec"], got["dec"] = reference.decode_block_scaled_reference(codes, scales), dec
     elif dec is not None:
         bad.append("columnwise.dec (not None without decode)")
     bad += _diffs(f"columnwise[{err_mode},{scale_bound},decode={decode}]", got, want)
@@ -56,17 +56,17 @@ def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
         dec, c, s = kq.nvfp4_quantize_columnwise(x, amax, decode)
         want, got = {"codes": codes, "scales": scales}, {"codes": c, "scales": s}
         if decode:
-            want["dec"], got["dec"] = decode_block_scaled(codes, scales), dec
+            want["dec"], got["dec"] = reference.decode_block_scaled_reference(codes, scales), dec
         bad += _diffs(f"nvfp4_columnwise[decode={decode}]", got, want)
     return bad
 
 
 def compare_decode(kd, codes, scales, amax, scale_bound, dtype):
-    """decode_block_scaled and nvfp4_dequantize kernels against numerics.quantize's."""
+    """decode_block_scaled and nvfp4_dequantize kernels against the reference (never through the dispatch, which may pick the kernels)."""
     bad = _diffs("decode_block_scaled", {"dec": kd.decode_block_scaled(codes, scales)},
-                 {"dec": decode_block_scaled(codes, scales)})
+                 {"dec": reference.decode_block_scaled_reference(codes, scales)})
     got = kd.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype)
-    want = nvfp4_dequantize(codes, scales, amax, scale_bound=scale_bound, dtype=dtype)
+    want = reference.dequantize_reference(codes, scales, amax, scale_bound, dtype)
     return bad + _diffs(f"nvfp4_dequantize[{scale_bound},{dtype},amax{tuple(amax.shape)}]", {"v": got}, {"v": want})
 
 

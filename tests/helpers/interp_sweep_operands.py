@@ -1,7 +1,7 @@
 """Run by test_kernels_interp_operands in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
 quantize-decode, columnwise quantization, decode) against the reference compositions on the CPU.
 
-    TRITON_INTERPRET=1 python tests/interp_sweep_operands.py [nvfp4_decode] [columnwise] [decode]  (all: none)
+    TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [nvfp4_decode] [columnwise] [decode]  (all: none)
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -16,12 +16,12 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from kernel_cases import _data, near_tie_case  # noqa: E402
-from operand_cases import (column_case, compare_columnwise, compare_decode, compare_nvfp4_decode,  # noqa: E402
+from tests.helpers.kernel_cases import _data, near_tie_case  # noqa: E402
+from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_nvfp4_decode,  # noqa: E402
                            decode_case)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
-from titan_fp4six.numerics import tensor_amax  # noqa: E402
+from titan_fp4six.dispatch import tensor_amax  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "low_edge", "tiny_amax", "high_edge", "zero_amax",
