@@ -47,6 +47,29 @@ backward = "dequantized"
     assert converters[1].recipe == FourOverSixRecipe(backward="dequantized")
 
 
+@pytest.mark.parametrize("line, match", [
+    ("scale_bound = 448.0", rf"\[{LIN}\].*scale_bound=448.0 is not supported.*type int; got float.*{LIN}.scale_bound"),
+    ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
+    ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
+])
+def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
+    """A TOML float equal to a valid int (or a bool) is refused before training, naming the key."""
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'''
+[job]
+custom_config_module = "{CONFIG_MODULE}"
+[model]
+converters = ["{LIN}"]
+[quantize.linear.four_over_six]
+{line}
+''')
+    from torchtitan.config.manager import ConfigManager
+
+    job = ConfigManager().parse_args(["--job.config_file", str(toml)])
+    with pytest.raises(ValueError, match=match):
+        _build(job)
+
+
 def test_defaults_keep_lm_head_and_router_in_bf16():
     job = job_config()
     assert job.quantize.linear.four_over_six.filter_fqns == ["output", "router.gate"]

@@ -16,6 +16,8 @@ A = torch.tensor(4.0)
     (X, A, {"block": "4x16"}, "block='4x16' is not supported; valid values: '1x16', '16x16'"),
     (X, A, {"err_mode": "l2"}, "err_mode='l2'"),
     (X, A, {"scale_bound": 300}, "scale_bound=300"),
+    (X, A, {"scale_bound": 448.0}, r"scale_bound=448.0 is not supported.*type int; got float"),
+    (X, A, {"scale_bound": True}, r"scale_bound=True is not supported.*got bool"),
     (X, torch.ones(31), {}, r"amax has shape \(31,\)"),
     (X, torch.ones(32, 1), {}, r"amax has shape \(32, 1\)"),
     (X, torch.arange(32.0), {"block": "16x16"}, "equal over every 16-row tile"),

@@ -82,7 +82,7 @@ def validate_job_config(job_config, kind: str):
                          f"{section} cannot run under: the grouped path reads group sizes on the host and the "
                          "amax reductions are data dependent. Use compile.backend = \"inductor\"")
     for key in ("bf16_first_layers", "bf16_last_layers"):
-        if not isinstance(getattr(cfg, key), int) or getattr(cfg, key) < 0:
+        if type(getattr(cfg, key)) is not int or getattr(cfg, key) < 0:  # bool and 2.0 are not layer counts
             raise ValueError(f"{section}.{key}={getattr(cfg, key)!r}; it must be an integer >= 0")
     par = job_config.parallelism
     if kind == "linear" and par.tensor_parallel_degree > 1:

@@ -10,9 +10,12 @@ SCALE_BOUNDS = (256, 448)
 
 
 def check_choice(name: str, value, valid) -> None:
-    # bool is an int subclass: True must not pass for a number
-    if isinstance(value, bool) or value not in valid:
-        raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))}")
+    """value must be one of `valid` with the same type: 448.0 == 448 and True == 1 in Python, but a float or a
+    bool reaching the kernels as an int knob fails there, so equal values of another type are refused here."""
+    if type(value) not in {type(v) for v in valid} or value not in valid:
+        kinds = "/".join(sorted({type(v).__name__ for v in valid}))
+        raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))} "
+                         f"(type {kinds}; got {type(value).__name__})")
 
 
 def check_float_tensor(t, name: str) -> None:
