@@ -51,6 +51,7 @@ backward = "dequantized"
     ("scale_bound = 448.0", rf"\[{LIN}\].*scale_bound=448.0 is not supported.*type int; got float.*{LIN}.scale_bound"),
     ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
     ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
+    ("allow_empty = 1", rf"{LIN}.allow_empty=1; it must be true or false"),
 ])
 def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
     """A TOML float equal to a valid int (or a bool) is refused before training, naming the key."""

@@ -51,7 +51,18 @@ def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
         raise ValueError(f"{section}.bf16_first_layers/bf16_last_layers need a model with a `layers` stack; "
                          f"{type(model).__name__} has none")
     order = sorted(int(name) for name, _ in layers.named_children())
+    if first + last > len(order):
+        raise ValueError(f"{section}.bf16_first_layers={first} + {section}.bf16_last_layers={last} exceeds the "
+                         f"model's {len(order)} decoder layers; keep their sum <= {len(order)}")
     return set(order[:first]) | set(order[len(order) - last:] if last else ())
+
+
+def check_not_empty(cfg, section: str, converted: list, what: str, keys: str) -> None:
+    """An enabled converter that converts nothing would train plain bf16 under a 4/6 name: refuse it."""
+    if not converted and not cfg.allow_empty:
+        raise ValueError(f"{section} converted no {what}: {keys} leave nothing to quantize, so this run would "
+                         f"be plain bf16. Fix those keys, drop the converter from model.converters, or set "
+                         f"{section}.allow_empty = true to run it anyway")
 
 
 def build_recipe(cfg, section: str, *, grouped: bool) -> FourOverSixRecipe:
@@ -84,6 +95,8 @@ def validate_job_config(job_config, kind: str):
     for key in ("bf16_first_layers", "bf16_last_layers"):
         if type(getattr(cfg, key)) is not int or getattr(cfg, key) < 0:  # bool and 2.0 are not layer counts
             raise ValueError(f"{section}.{key}={getattr(cfg, key)!r}; it must be an integer >= 0")
+    if type(cfg.allow_empty) is not bool:
+        raise ValueError(f"{section}.allow_empty={cfg.allow_empty!r}; it must be true or false")
     par = job_config.parallelism
     if kind == "linear" and par.tensor_parallel_degree > 1:
         raise ValueError(f"{section} with parallelism.tensor_parallel_degree={par.tensor_parallel_degree}: "
@@ -157,6 +170,8 @@ class FourOverSixLinearConverter(_Converter):
         missing = [p for p in cfg.fqns if p not in hits]
         if missing:
             raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
+        check_not_empty(cfg, section, converted, "nn.Linear",
+                        f"{section}.fqns / filter_fqns / bf16_first_layers / bf16_last_layers")
         logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})")
         if skipped:
             logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
@@ -196,6 +211,8 @@ class FourOverSixGroupedMMConverter(_Converter):
         missing = [p for p in cfg.fqns if p not in hits]
         if missing:
             raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
+        check_not_empty(cfg, section, converted, "routed-experts module",
+                        f"{section}.fqns / bf16_first_layers / bf16_last_layers")
         logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
                     f"token groups aligned to {GROUP_ALIGN} rows")
 

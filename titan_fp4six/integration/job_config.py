@@ -35,6 +35,8 @@ class FourOverSixKnobs:
     """Number of decoder layers at the start of the stack (layers.0, ...) left in bf16."""
     bf16_last_layers: int = 0
     """Number of decoder layers at the end of the stack left in bf16."""
+    allow_empty: bool = False
+    """Converting no module at all is an error (a silent bf16 run) unless this is true."""
 
 
 @dataclass
