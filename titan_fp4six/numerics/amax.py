@@ -6,8 +6,11 @@ from .dispatch import fast_path
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates). One read of x on CUDA."""
-    kernels = fast_path(x, "amax") if x.numel() and x.is_contiguous() else None
+    """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates). One read of x on CUDA.
+    An empty x (zero tokens) has amax 0, like an empty row group (torch's amax refuses empty inputs)."""
+    if not x.numel():
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    kernels = fast_path(x, "amax") if x.is_contiguous() else None
     return kernels.tensor_amax(x) if kernels else x.abs().amax().float()
 
 
