@@ -102,7 +102,8 @@ def test_e4m3_round_to_nearest_even_and_candidate_scales():
 
 
 def test_e4m3_saturates_at_448():
-    blocks = four_over_six_quantize(block_with([3000.0]), UNIT_AMAX)  # base 500 -> 448
+    # amax below the data saturates per the spec; the public check refuses it unless told otherwise
+    blocks = four_over_six_quantize(block_with([3000.0]), UNIT_AMAX, validate_amax=False)  # base 500 -> 448
     assert scale_bytes(blocks).tolist() == [[0x7E]]
 
 
@@ -201,7 +202,8 @@ def _edge_data(rows, cols, kind, gen):
 
 
 def _check_against_oracle(x, amax, block, err_mode, bound):
-    got = four_over_six_quantize(x, amax, block=block, err_mode=err_mode, scale_bound=bound)
+    # any amax, also one below max|x| (saturation is spec'd): the public amax check is off here
+    got = four_over_six_quantize(x, amax, block=block, err_mode=err_mode, scale_bound=bound, validate_amax=False)
     xf = x.float().numpy()
     a = amax.numpy() if amax.dim() else float(amax)
     codes, scales, map4, err4, err6 = oracle.four_over_six(xf, a, block, err_mode, bound)

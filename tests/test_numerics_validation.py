@@ -1,9 +1,14 @@
 """Bad input gets a clear error naming the argument and what is valid; the amax helpers."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from titan_fp4six import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from titan_fp4six import (four_over_six_quantize, four_over_six_quantize_decode, group_amax, nvfp4_dequantize,
+                          nvfp4_quantize, row_amax, tensor_amax)
 
 X = torch.randn(32, 64)
 A = torch.tensor(4.0)
@@ -79,3 +84,63 @@ def test_empty_inputs_round_trip():
         codes, scales = four_over_six_quantize(x, amax)
         assert codes.shape == (0, 16) and scales.shape == (0, 2)
         assert nvfp4_dequantize(codes, scales, amax, scale_bound=256).shape == (0, 32)
+
+
+_QUANTIZERS = [
+    lambda x, a, **kw: four_over_six_quantize(x, a, **kw),
+    lambda x, a, **kw: nvfp4_quantize(x, a, **kw),
+    lambda x, a, **kw: four_over_six_quantize_decode(x, a, **kw),
+]
+
+
+@pytest.mark.parametrize("quantize", _QUANTIZERS)
+@pytest.mark.parametrize("amax, match", [
+    (-tensor_amax(X), "amax must be >= 0"),
+    (-row_amax(X), "amax must be >= 0"),
+    (tensor_amax(X) * 0.5, "amax is below max |x| of the data"),
+    (torch.cat([row_amax(X)[:5], row_amax(X)[5:6] * 0.99, row_amax(X)[6:]]), "amax is below max |x|"),
+    (torch.tensor(0.0), "amax is below max |x|"),  # amax 0 with nonzero data would decode everything to 0
+])
+def test_public_quantizers_check_amax_against_the_data(quantize, amax, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        quantize(X, amax)
+    quantize(X, amax.abs(), validate_amax=False)  # the ops' path: amax computed from x, not checked again
+
+
+@pytest.mark.parametrize("quantize", _QUANTIZERS)
+def test_amax_at_or_above_the_data_and_nan_amax_pass(quantize):
+    for amax in (tensor_amax(X), row_amax(X), tensor_amax(X) * 2, torch.tensor(float("nan")),
+                 torch.tensor(float("inf"))):
+        quantize(X, amax)
+
+
+def test_zero_amax_on_zero_data_decodes_to_zero():
+    """The spec takes S_enc = 1 where amax == 0; every decoded value is code * scale * 0 / (6B) = 0."""
+    zeros = torch.zeros(16, 32)
+    codes, scales = four_over_six_quantize(zeros, torch.tensor(0.0))
+    assert not codes.any() and not scales.float().any()
+    assert not nvfp4_dequantize(codes, scales, torch.tensor(0.0), scale_bound=256).any()
+
+
+CUDA_PROBE = """
+import torch
+from titan_fp4six import four_over_six_quantize, tensor_amax
+x = torch.randn(64, 64, device="cuda")
+four_over_six_quantize(x, tensor_amax(x))
+torch.cuda.synchronize()
+print("valid amax ok", flush=True)
+four_over_six_quantize(x, {amax})
+torch.cuda.synchronize()
+print("bad amax passed", flush=True)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amax", ["-tensor_amax(x)", "tensor_amax(x) * 0.5"])
+def test_cuda_amax_check_is_an_asynchronous_device_assert(amax):
+    """No host sync on CUDA: the bad amax fails at the next synchronization (in a subprocess: a device
+    assert poisons the CUDA context)."""
+    done = subprocess.run([sys.executable, "-c", CUDA_PROBE.format(amax=amax)], capture_output=True, text=True,
+                          timeout=300)
+    assert "valid amax ok" in done.stdout and "bad amax passed" not in done.stdout
+    assert done.returncode != 0 and "device-side assert" in done.stderr

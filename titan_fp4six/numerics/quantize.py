@@ -29,17 +29,21 @@ class NVFP4Blocks:
 
 
 def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
-                           scale_bound: int = 256) -> NVFP4Blocks:
-    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax."""
-    check_quantize_args(x, amax, block, err_mode, scale_bound)
+                           scale_bound: int = 256, validate_amax: bool = True) -> NVFP4Blocks:
+    """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax.
+
+    validate_amax: check 0 <= max |x| <= amax (one more read of x; an asynchronous assert on CUDA); callers
+    that computed amax from x themselves (the GEMM ops) pass False."""
+    check_quantize_args(x, amax, block, err_mode, scale_bound, against_data=validate_amax)
     kernels = fast_path(x, "quantize")
     impl = kernels.four_over_six_quantize if kernels else reference.four_over_six_reference
     return NVFP4Blocks(*impl(x, amax, block, err_mode, scale_bound))
 
 
-def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Blocks:
-    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
-    check_quantize_args(x, amax, "1x16", "mse", 448)
+def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, validate_amax: bool = True) -> NVFP4Blocks:
+    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice); validate_amax as in
+    four_over_six_quantize."""
+    check_quantize_args(x, amax, "1x16", "mse", 448, against_data=validate_amax)
     kernels = fast_path(x, "quantize")
     return NVFP4Blocks(*(kernels.nvfp4_quantize if kernels else reference.nvfp4_reference)(x, amax))
 
@@ -53,12 +57,13 @@ def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.b
 
 
 def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
-                                  err_mode: str = "mse", scale_bound: int = 256):
+                                  err_mode: str = "mse", scale_bound: int = 256, validate_amax: bool = True):
     """Quantize and return (exact bf16 block-scaled decode, NVFP4Blocks): what the emulated GEMMs consume.
 
     On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
+    validate_amax as in four_over_six_quantize.
     """
-    check_quantize_args(x, amax, block, err_mode, scale_bound)
+    check_quantize_args(x, amax, block, err_mode, scale_bound, against_data=validate_amax)
     kernels = fast_path(x, "quantize")
     if kernels:
         dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)

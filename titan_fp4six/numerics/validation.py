@@ -2,6 +2,7 @@
 
 import torch
 
+from .amax import row_amax, tensor_amax
 from .formats import BLOCK_SIZE, INPUT_DTYPES
 
 BLOCKS = ("1x16", "16x16")
@@ -75,10 +76,36 @@ def _check_tile_uniform(amax: torch.Tensor) -> None:
         raise ValueError(_TILE_UNIFORM_MSG)
 
 
-def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int, read_values: bool = True) -> None:
+_NEGATIVE_AMAX_MSG = "amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or row_amax(x)"
+_SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
+                   "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
+
+
+def check_amax_covers(amax: torch.Tensor, x: torch.Tensor) -> None:
+    """Raise unless 0 <= max |x| <= amax (per row for a row amax; NaN on either side passes, it propagates).
+
+    Costs one more read of x, so only the public API runs it: the GEMM ops compute amax from x themselves.
+    On CUDA both checks are asynchronous device asserts (no host sync), like the tile-uniform one; so are
+    they while torch.compile traces (a Python branch on a value would break the graph)."""
+    data = tensor_amax(x) if amax.dim() == 0 else row_amax(x)
+    negative, below = (amax < 0).any(), (amax < data).any()
+    if amax.is_cuda or torch.compiler.is_compiling():
+        torch._assert_async(~negative, _NEGATIVE_AMAX_MSG)
+        torch._assert_async(~below, _SMALL_AMAX_MSG)
+    elif negative:
+        raise ValueError(_NEGATIVE_AMAX_MSG)
+    elif below:
+        raise ValueError(_SMALL_AMAX_MSG)
+
+
+def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int, read_values: bool = True,
+                        against_data: bool = False) -> None:
+    """against_data: also check amax against x (check_amax_covers); the public quantizers' default."""
     check_choice("block", block, BLOCKS)
     check_choice("err_mode", err_mode, ERR_MODES)
     check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
     check_input(x)
     check_rows_for_block(x, block)
     check_amax(amax, x, block, read_values)
+    if against_data and read_values:
+        check_amax_covers(amax, x)
