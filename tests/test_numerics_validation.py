@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from titan_fp4six import (four_over_six_quantize, four_over_six_quantize_decode, group_amax, nvfp4_dequantize,
-                          nvfp4_quantize, row_amax, tensor_amax)
+from titan_fp4six import (decode_block_scaled, four_over_six_quantize, four_over_six_quantize_decode, group_amax,
+                          nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax)
 
 X = torch.randn(32, 64)
 A = torch.tensor(4.0)
@@ -144,3 +144,15 @@ def test_cuda_amax_check_is_an_asynchronous_device_assert(amax):
                           timeout=300)
     assert "valid amax ok" in done.stdout and "bad amax passed" not in done.stdout
     assert done.returncode != 0 and "device-side assert" in done.stderr
+
+
+@pytest.mark.parametrize("width", [7, 4, 12])
+def test_codes_of_a_width_that_no_block_layout_has_are_named(width):
+    codes, scales = torch.zeros(4, width, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.float8_e4m3fn)
+    match = rf"codes has shape \(4, {width}\); .* the width must be a multiple of 8"
+    with pytest.raises(ValueError, match=match):
+        nvfp4_dequantize(codes, scales, A, scale_bound=256)
+    with pytest.raises(ValueError, match=match):
+        decode_block_scaled(codes, scales)
+    with pytest.raises(TypeError, match="codes must be 2-D uint8"):
+        decode_block_scaled(codes.view(-1), scales)

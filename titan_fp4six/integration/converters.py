@@ -8,7 +8,7 @@ parallelism, compile or FSDP. Converting swaps modules for stateless subclasses:
 from torch import nn
 from torchtitan.models.moe.moe import GroupedExperts
 from torchtitan.models.moe.utils import set_token_group_alignment_size_m
-from torchtitan.protocols.model_converter import register_model_converter
+from torchtitan.protocols.model_converter import _registry_model_converter_cls, register_model_converter
 from torchtitan.tools.logging import logger
 
 from ..modules.experts import GROUP_ALIGN, convert_experts
@@ -113,6 +113,15 @@ def validate_job_config(job_config, kind: str):
                              "hold whole weights per rank; use expert_parallel_degree > 1 with "
                              "expert_tensor_parallel_degree = 1")
     return cfg, build_recipe(cfg, section, grouped=kind == "grouped_mm")
+
+
+def check_converter_names(job_config) -> None:
+    """torchtitan looks model.converters up in its registry and fails a typo with a bare KeyError before any
+    converter runs; the plugin's launcher calls this first to name the valid converters."""
+    unknown = [n for n in job_config.model.converters if n not in _registry_model_converter_cls]
+    if unknown:
+        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
+                         f"{', '.join(sorted(_registry_model_converter_cls))}")
 
 
 def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:

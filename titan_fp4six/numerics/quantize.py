@@ -7,7 +7,7 @@ import torch
 from . import reference
 from .dispatch import fast_path
 from .formats import BLOCK_SIZE, E2M1_MAX, e2m1_decode, fp32_const, unpack_codes
-from .validation import SCALE_BOUNDS, check_choice, check_quantize_args
+from .validation import SCALE_BOUNDS, check_choice, check_codes, check_quantize_args
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, validate_amax: bool =
 def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
     """e2m1_value * f32(block scale), without the global factor. At most 6 significant bits within bf16's
     range, so exact in bf16: the operand of the emulated GEMMs (the global factor is applied afterwards)."""
+    check_codes(codes)
     rows, half = codes.shape
     values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
     return (values * scales.float()[..., None]).view(rows, half * 2).to(dtype)
@@ -82,8 +83,7 @@ def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tens
                      dtype=torch.float32) -> torch.Tensor:
     """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), in the requested dtype."""
     check_choice("scale_bound", scale_bound, SCALE_BOUNDS)
-    if codes.dtype != torch.uint8 or codes.dim() != 2:
-        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {codes.dtype} {tuple(codes.shape)}")
+    check_codes(codes)
     rows, half = codes.shape
     if scales.dtype != torch.float8_e4m3fn or scales.shape != (rows, half * 2 // BLOCK_SIZE):
         raise TypeError(f"scales must be float8_e4m3fn of shape ({rows}, {half * 2 // BLOCK_SIZE}), "

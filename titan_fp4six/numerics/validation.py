@@ -35,6 +35,16 @@ def check_input(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} has {x.shape[1]} columns; NVFP4 needs a multiple of {BLOCK_SIZE}")
 
 
+def check_codes(codes) -> None:
+    """Packed codes: 2-D uint8 (R, C/2) of a C that is a multiple of 16, so a width that is a multiple of 8."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
+        got = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
+        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {got}")
+    if codes.shape[1] % (BLOCK_SIZE // 2):
+        raise ValueError(f"codes has shape {tuple(codes.shape)}; packed codes are (R, C/2) with C a multiple of "
+                         f"{BLOCK_SIZE}, so the width must be a multiple of {BLOCK_SIZE // 2}")
+
+
 def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str, read_values: bool = True) -> None:
     """amax is an FP32 scalar (per-tensor) or an FP32 vector of length R (row-scaled) on x's device;
     read_values=False skips the one check that reads amax's values (fake tensors under tracing have none)."""
