@@ -11,10 +11,10 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 FLT_MAX = torch.finfo(torch.float32).max
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Magnitude code m (0..7) covers |q| in (E2M1_UP[m-1], E2M1_UP[m]]: the spec's tie points, each tie going to the
-# even code (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4); ">" below odd codes, ">=" above them.
-_E2M1_TIES_DOWN = (0.25, 1.25, 2.5, 5.0)  # a tie here rounds down (to codes 0, 2, 4, 6)
-_E2M1_TIES_UP = (0.75, 1.75, 3.5)  # a tie here rounds up (to codes 2, 4, 6)
+# The spec's E2M1 tie points (midpoints of the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6), split by where RNE sends a tie
+# (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4): the even code, below or above.
+_E2M1_TIES_DOWN = (0.25, 1.25, 2.5, 5.0)  # a tie here rounds down (to codes 0, 2, 4, 6): counted when |q| > t
+_E2M1_TIES_UP = (0.75, 1.75, 3.5)  # a tie here rounds up (to codes 2, 4, 6): counted when |q| >= t
 _E2M1_NAN = 0x3  # the code torchao's encoder gives a positive NaN (the sign bit is kept); callers override NaN
 
 

@@ -86,7 +86,8 @@ def _check_tile_uniform(amax: torch.Tensor) -> None:
         raise ValueError(_TILE_UNIFORM_MSG)
 
 
-_NEGATIVE_AMAX_MSG = "amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or row_amax(x)"
+_NEGATIVE_AMAX_MSG = ("amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or "
+                      "row_amax(x)")
 _SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
                    "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
 
