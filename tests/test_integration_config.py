@@ -50,6 +50,29 @@ backward = "dequantized"
     assert lin.recipe() == converters[0].recipe  # built and checked when the config loads
 
 
+@pytest.mark.parametrize("line, match", [
+    ("scale_bound = 448.0", rf"\[{LIN}\] {LIN}.scale_bound=448.0 is not supported.*type int; got float"),
+    ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
+    ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
+    ("allow_empty = 1", rf"{LIN}.allow_empty=1; it must be true or false"),
+])
+def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
+    """A TOML float equal to a valid int (or a bool) is refused when the config loads, naming the key."""
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'''
+[job]
+custom_config_module = "{CONFIG_MODULE}"
+[model]
+converters = ["{LIN}"]
+[quantize.linear.four_over_six]
+{line}
+''')
+    from torchtitan.config.manager import ConfigManager
+
+    with pytest.raises(ValueError, match=match):  # while the config loads
+        ConfigManager().parse_args(["--job.config_file", str(toml)])
+
+
 def test_defaults_keep_lm_head_and_router_in_bf16():
     job = job_config()
     assert job.quantize.linear.four_over_six.filter_fqns == ["output", "router.gate"]

@@ -128,3 +128,35 @@ def test_converted_model_loads_bf16_checkpoint_both_ways():
     back, _ = build_model("deepseek_v3", job, device="cpu", **SMALL_DEEPSEEK)
     back.load_state_dict(quant.state_dict(), strict=True)
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), back.state_dict().values()))
+
+
+LIN, GMM = "quantize.linear.four_over_six", "quantize.grouped_mm.four_over_six"
+
+
+@pytest.mark.parametrize("args, converters, match", [
+    # the debug model has 6 decoder layers (routed experts in layers 1..5)
+    ([f"--{LIN}.bf16_first_layers", "6"], LIN, rf"{LIN} converted no nn.Linear: {LIN}.fqns / filter_fqns / "
+                                                rf"bf16_first_layers / bf16_last_layers leave nothing"),
+    ([f"--{LIN}.bf16_first_layers", "3", f"--{LIN}.bf16_last_layers", "3"], LIN, f"{LIN}.allow_empty = true"),
+    ([f"--{LIN}.filter_fqns", "layers,output"], LIN, rf"{LIN} converted no nn.Linear"),
+    ([f"--{GMM}.bf16_last_layers", "5"], GMM, rf"{GMM} converted no routed-experts module: {GMM}.fqns"),
+    ([f"--{LIN}.bf16_first_layers", "4", f"--{LIN}.bf16_last_layers", "3"], LIN,
+     rf"{LIN}.bf16_first_layers=4 \+ {LIN}.bf16_last_layers=3 exceeds the model's 6 decoder layers"),
+    ([f"--{GMM}.bf16_first_layers", "7"], GMM, "exceeds the model's 6 decoder layers"),
+])
+def test_a_converter_that_converts_nothing_is_an_error(args, converters, match):
+    """Otherwise the run would train plain bf16 under a 4/6 recipe name, with INFO lines only."""
+    job = job_config(*args, converters=converters)
+    model, _ = build_model("deepseek_v3", job)
+    with pytest.raises(ValueError, match=match):
+        convert(model, job)
+
+
+def test_allow_empty_opts_out_of_the_empty_conversion_error():
+    job = job_config(f"--{LIN}.bf16_first_layers", "6", f"--{LIN}.allow_empty",
+                     f"--{GMM}.bf16_first_layers", "6", f"--{GMM}.allow_empty")
+    assert job.quantize.linear.four_over_six.allow_empty is True
+    model, _ = build_model("deepseek_v3", job)
+    kinds = _kinds(model)
+    convert(model, job)
+    assert _kinds(model) == kinds  # nothing converted, on purpose

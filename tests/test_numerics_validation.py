@@ -1,9 +1,14 @@
 """Bad input gets a clear error naming the argument and what is valid; the amax helpers."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from titan_fp4six import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from titan_fp4six import (decode_block_scaled, four_over_six_quantize, four_over_six_quantize_decode, group_amax,
+                          nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax)
 
 X = torch.randn(32, 64)
 A = torch.tensor(4.0)
@@ -16,6 +21,8 @@ A = torch.tensor(4.0)
     (X, A, {"block": "4x16"}, "block='4x16' is not supported; valid values: '1x16', '16x16'"),
     (X, A, {"err_mode": "l2"}, "err_mode='l2'"),
     (X, A, {"scale_bound": 300}, "scale_bound=300"),
+    (X, A, {"scale_bound": 448.0}, r"scale_bound=448.0 is not supported.*type int; got float"),
+    (X, A, {"scale_bound": True}, r"scale_bound=True is not supported.*got bool"),
     (X, torch.ones(31), {}, r"amax has shape \(31,\)"),
     (X, torch.ones(32, 1), {}, r"amax has shape \(32, 1\)"),
     (X, torch.arange(32.0), {"block": "16x16"}, "equal over every 16-row tile"),
@@ -77,3 +84,75 @@ def test_empty_inputs_round_trip():
         codes, scales = four_over_six_quantize(x, amax)
         assert codes.shape == (0, 16) and scales.shape == (0, 2)
         assert nvfp4_dequantize(codes, scales, amax, scale_bound=256).shape == (0, 32)
+
+
+_QUANTIZERS = [
+    lambda x, a, **kw: four_over_six_quantize(x, a, **kw),
+    lambda x, a, **kw: nvfp4_quantize(x, a, **kw),
+    lambda x, a, **kw: four_over_six_quantize_decode(x, a, **kw),
+]
+
+
+@pytest.mark.parametrize("quantize", _QUANTIZERS)
+@pytest.mark.parametrize("amax, match", [
+    (-tensor_amax(X), "amax must be >= 0"),
+    (-row_amax(X), "amax must be >= 0"),
+    (tensor_amax(X) * 0.5, "amax is below max |x| of the data"),
+    (torch.cat([row_amax(X)[:5], row_amax(X)[5:6] * 0.99, row_amax(X)[6:]]), "amax is below max |x|"),
+    (torch.tensor(0.0), "amax is below max |x|"),  # amax 0 with nonzero data would decode everything to 0
+])
+def test_public_quantizers_check_amax_against_the_data(quantize, amax, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        quantize(X, amax)
+    quantize(X, amax.abs(), validate_amax=False)  # the ops' path: amax computed from x, not checked again
+
+
+@pytest.mark.parametrize("quantize", _QUANTIZERS)
+def test_amax_at_or_above_the_data_and_nan_amax_pass(quantize):
+    for amax in (tensor_amax(X), row_amax(X), tensor_amax(X) * 2, torch.tensor(float("nan")),
+                 torch.tensor(float("inf"))):
+        quantize(X, amax)
+
+
+def test_zero_amax_on_zero_data_decodes_to_zero():
+    """The spec takes S_enc = 1 where amax == 0; every decoded value is code * scale * 0 / (6B) = 0."""
+    zeros = torch.zeros(16, 32)
+    codes, scales = four_over_six_quantize(zeros, torch.tensor(0.0))
+    assert not codes.any() and not scales.float().any()
+    assert not nvfp4_dequantize(codes, scales, torch.tensor(0.0), scale_bound=256).any()
+
+
+CUDA_PROBE = """
+import torch
+from titan_fp4six import four_over_six_quantize, tensor_amax
+x = torch.randn(64, 64, device="cuda")
+four_over_six_quantize(x, tensor_amax(x))
+torch.cuda.synchronize()
+print("valid amax ok", flush=True)
+four_over_six_quantize(x, {amax})
+torch.cuda.synchronize()
+print("bad amax passed", flush=True)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amax", ["-tensor_amax(x)", "tensor_amax(x) * 0.5"])
+def test_cuda_amax_check_is_an_asynchronous_device_assert(amax):
+    """No host sync on CUDA: the bad amax fails at the next synchronization (in a subprocess: a device
+    assert poisons the CUDA context)."""
+    done = subprocess.run([sys.executable, "-c", CUDA_PROBE.format(amax=amax)], capture_output=True, text=True,
+                          timeout=300)
+    assert "valid amax ok" in done.stdout and "bad amax passed" not in done.stdout
+    assert done.returncode != 0 and "device-side assert" in done.stderr
+
+
+@pytest.mark.parametrize("width", [7, 4, 12])
+def test_codes_of_a_width_that_no_block_layout_has_are_named(width):
+    codes, scales = torch.zeros(4, width, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.float8_e4m3fn)
+    match = rf"codes has shape \(4, {width}\); .* the width must be a multiple of 8"
+    with pytest.raises(ValueError, match=match):
+        nvfp4_dequantize(codes, scales, A, scale_bound=256)
+    with pytest.raises(ValueError, match=match):
+        decode_block_scaled(codes, scales)
+    with pytest.raises(TypeError, match="codes must be 2-D uint8"):
+        decode_block_scaled(codes.view(-1), scales)

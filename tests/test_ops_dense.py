@@ -150,6 +150,25 @@ def test_only_needed_grads():
     assert w.grad.shape == w.shape and x.grad is None
 
 
+@pytest.mark.parametrize("recipe", [
+    FourOverSixRecipe(backward=b, weight_block=wb) for b in ("quantized", "high_precision", "dequantized")
+    for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row")])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_zero_tokens_forward_and_backward(recipe, device):
+    """0 rows (an empty micro-batch or routing bucket): output (0, N), dx (0, K), dW zeros, with per-tensor
+    scaling too (the amax of no values is 0; every step is a shape-determined empty op, CPU or CUDA)."""
+    _, w, _ = _operands(10, lead=(1,))
+    x = torch.zeros(0, 2, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w = w.to(device).requires_grad_()
+    bias = torch.ones(48, dtype=torch.bfloat16, device=device, requires_grad=True)
+    out = four_over_six_linear(x, w, bias, recipe=recipe)
+    assert out.shape == (0, 2, 48) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape and bias.grad.shape == bias.shape
+    assert not w.grad.any() and not bias.grad.any()
+
+
 def test_nan_reaches_the_output():
     x, w, _ = _operands(9, lead=(32,))
     x[3, 5] = float("nan")
@@ -164,6 +183,8 @@ def test_nan_reaches_the_output():
     (((4, 40), (48, 40)), ValueError, "K .*40.*multiple of 16"),
     (((4, 64), (40, 64)), ValueError, "N .*40.*multiple of 16"),
     (((4, 64), (2, 48, 64)), ValueError, "weight must be 2-D"),
+    (((4, 0), (48, 0)), ValueError, r"K \(x.shape\[-1\]\) is 0; NVFP4 GEMMs need a positive multiple of 16"),
+    (((4, 64), (0, 64)), ValueError, r"N \(weight.shape\[0\]\) is 0; NVFP4 GEMMs need a positive multiple"),
 ])
 def test_bad_shapes(args, err, match):
     with pytest.raises(err, match=match):

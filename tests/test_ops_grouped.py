@@ -146,6 +146,12 @@ def test_bad_shapes_dtypes_and_backward():
         four_over_six_grouped_mm(A, W[0].t(), offs, recipe=r)
     with pytest.raises(ValueError, match="K=48"):
         four_over_six_grouped_mm(A[:, :48], W.transpose(-2, -1), offs, recipe=r)
+    with pytest.raises(ValueError, match=r"K \(A.shape\[1\]\) is 0"):
+        four_over_six_grouped_mm(A[:, :0], W[:, :, :0].transpose(-2, -1), offs, recipe=r)
+    with pytest.raises(ValueError, match=r"B_t \(E, K, N\) has shape \(4, 64, 0\); E \(experts\) and N must"):
+        four_over_six_grouped_mm(A, W[:, :0].transpose(-2, -1), offs, recipe=r)
+    with pytest.raises(ValueError, match=r"B_t \(E, K, N\) has shape \(0, 64, \d+\)"):
+        four_over_six_grouped_mm(A, W[:0].transpose(-2, -1), offs[:0], recipe=r)
     with pytest.raises(TypeError, match="A.dtype=torch.int64"):
         four_over_six_grouped_mm(A.long(), W.transpose(-2, -1), offs, recipe=r)
     with pytest.raises(ValueError, match="quantized.*grouped"):

@@ -32,6 +32,9 @@ def test_frozen_and_keyword_only():
     ("err_mode", "l2", "'mae', 'mse'"), ("scale_bound", 512, "256, 448"), ("scale_bound", True, "256, 448"),
     ("weight_block", "32x32", "'1x16', '16x16'"), ("activation_scaling", "token", "'tensor', 'row'"),
     ("backward", "fp8", "'auto', 'quantized', 'high_precision', 'dequantized'"),
+    # equal to a valid value but of another type: refused with the knob named (the kernels take int / str)
+    ("scale_bound", 448.0, r"256, 448 \(type int; got float\)"), ("scale_bound", 256.0, "256, 448"),
+    ("err_mode", b"mse", "'mae', 'mse'"),
 ])
 def test_bad_knobs_name_the_field_and_valid_values(field, value, valid):
     with pytest.raises(ValueError, match=f"{field}={value!r}.*{valid}"):

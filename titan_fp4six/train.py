@@ -23,6 +23,26 @@ def _single_process_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def check_world_size(parallelism, world_size: int) -> None:
+    """torchtitan asserts that the parallel degrees multiply to WORLD_SIZE, with a bare AssertionError when
+    data_parallel_shard_degree = -1 is left no processes (e.g. tensor_parallel_degree 2 in one process)."""
+    p = parallelism
+    degrees = {"data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+               "data_parallel_shard_degree": p.data_parallel_shard_degree,
+               "context_parallel_degree": p.context_parallel_degree,
+               "tensor_parallel_degree": p.tensor_parallel_degree,
+               "pipeline_parallel_degree": p.pipeline_parallel_degree}
+    fixed = 1
+    for name, degree in degrees.items():
+        fixed *= degree if name != "data_parallel_shard_degree" or degree > 0 else 1
+    fits = world_size % fixed == 0 if p.data_parallel_shard_degree < 0 else fixed == world_size
+    if not fits:
+        listed = " x ".join(f"parallelism.{k}={v}" for k, v in degrees.items())
+        raise ValueError(f"{listed} needs {fixed} processes (-1 takes what is left) but WORLD_SIZE={world_size}: "
+                         f"launch {fixed} with `torchrun --nproc_per_node={fixed} -m titan_fp4six.train ...` or "
+                         "lower the degrees")
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
@@ -35,7 +55,17 @@ def main() -> None:
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
-    torchtitan_main(Trainer)
+    from titan_fp4six.integration.converters import check_converter_names
+
+    class CheckedTrainer(Trainer):
+        """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError)."""
+
+        def __init__(self, job_config):
+            check_converter_names(job_config)
+            check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
+            super().__init__(job_config)
+
+    torchtitan_main(CheckedTrainer)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
-from ..numerics.validation import SCALE_BOUNDS, check_choice, check_quantize_args
+from ..numerics.validation import SCALE_BOUNDS, check_choice, check_codes, check_quantize_args
 from . import amax as _amax
 from . import library
 from .backend import QUANTIZERS
@@ -34,35 +34,65 @@ class NVFP4Blocks:
         return iter((self.codes, self.scales))
 
 
-def _check(x, amax, block, err_mode, scale_bound, quantizer, choose=True) -> bool:
-    """Check the arguments; returns whether torch.compile is tracing (then the values cannot be read)."""
+_NEGATIVE_AMAX_MSG = ("amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or "
+                      "row_amax(x)")
+_SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
+                   "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
+
+
+def _check_amax_covers(amax: torch.Tensor, x: torch.Tensor) -> None:
+    """Raise unless 0 <= max |x| <= amax (per row for a row amax; NaN on either side passes, it propagates).
+
+    Costs one more read of x, so only the public API runs it: the GEMM ops compute amax from x themselves.
+    On CUDA both checks are asynchronous device asserts (no host sync), like the tile-uniform one; so are
+    they while torch.compile traces (a Python branch on a value would break the graph)."""
+    data = _amax.run_tensor_amax(x) if amax.dim() == 0 else _amax.run_row_amax(x)
+    negative, below = (amax < 0).any(), (amax < data).any()
+    if amax.is_cuda or torch.compiler.is_compiling():
+        torch._assert_async(~negative, _NEGATIVE_AMAX_MSG)
+        torch._assert_async(~below, _SMALL_AMAX_MSG)
+    elif negative:
+        raise ValueError(_NEGATIVE_AMAX_MSG)
+    elif below:
+        raise ValueError(_SMALL_AMAX_MSG)
+
+
+
+def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose=True) -> bool:
+    """Check the arguments (amax against the data too, unless validate_amax is False); returns whether
+    torch.compile is tracing (then the values cannot be read)."""
     tracing = torch.compiler.is_compiling()
     check_choice("quantizer", quantizer, QUANTIZERS)
-    if not isinstance(choose, bool):
-        raise TypeError(f"choose must be True or False, got {choose!r}")
+    for name, flag in (("choose", choose), ("validate_amax", validate_amax)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
+    if validate_amax:
+        _check_amax_covers(amax, x)
     return tracing
 
 
 def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
-                           scale_bound: int = 256, quantizer: str = "auto", choose: bool = True) -> NVFP4Blocks:
+                           scale_bound: int = 256, quantizer: str = "auto", choose: bool = True,
+                           validate_amax: bool = True) -> NVFP4Blocks:
     """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax.
 
     choose=False keeps the map-to-6 candidate in every block (with scale_bound=448: plain NVFP4, computed
-    with the four-over-six scale association; docs/numerics.md)."""
-    if _check(x, amax, block, err_mode, scale_bound, quantizer, choose):
+    with the four-over-six scale association; docs/numerics.md). validate_amax: check 0 <= max |x| <= amax
+    (one more read of x; an asynchronous device assert on CUDA); False skips it (a smaller amax saturates)."""
+    if _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose):
         return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer, choose))
     return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose)[:3])
 
 
 def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
                                   err_mode: str = "mse", scale_bound: int = 256, quantizer: str = "auto",
-                                  choose: bool = True) -> tuple[torch.Tensor, NVFP4Blocks]:
+                                  choose: bool = True, validate_amax: bool = True) -> tuple[torch.Tensor, NVFP4Blocks]:
     """Quantize and return (exact bf16 block-scaled decode, NVFP4Blocks): what the emulated GEMMs consume.
 
     On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
     """
-    if _check(x, amax, block, err_mode, scale_bound, quantizer, choose):
+    if _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose):
         dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer,
                                                                    choose)
     else:
@@ -70,21 +100,18 @@ def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block:
     return dec, NVFP4Blocks(codes, scales, map4)
 
 
-def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "auto") -> NVFP4Blocks:
-    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice)."""
-    if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer):
+def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "auto",
+                   validate_amax: bool = True) -> NVFP4Blocks:
+    """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice); validate_amax as in
+    four_over_six_quantize."""
+    if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer, validate_amax):
         return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer))
     return NVFP4Blocks(*run_nvfp4(x, amax, quantizer)[:2])
 
 
 def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:
-    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
-        got = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
-        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {got}")
+    check_codes(codes)
     rows, half = codes.shape
-    if half * 2 % BLOCK_SIZE:
-        raise ValueError(f"codes have {half} bytes per row ({half * 2} values); NVFP4 rows hold a multiple of "
-                         f"{BLOCK_SIZE} values, i.e. a multiple of {BLOCK_SIZE // 2} bytes")
     if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float8_e4m3fn
             or scales.shape != (rows, half * 2 // BLOCK_SIZE)):
         got = f"{scales.dtype} {tuple(scales.shape)}" if isinstance(scales, torch.Tensor) else type(scales).__name__

@@ -7,9 +7,9 @@ parallelism, compile or FSDP. Converting swaps modules for stateless subclasses:
 
 from torch import nn
 from torchtitan.models.moe.moe import GroupedExperts
-from torchtitan.models.moe.utils import set_token_group_alignment_size_m
 from torchtitan.components.quantization import QuantizationConverter
-from torchtitan.protocols.model_converter import register_model_converter
+from torchtitan.models.moe.utils import set_token_group_alignment_size_m
+from torchtitan.protocols.model_converter import _registry_model_converter_cls, register_model_converter
 from torchtitan.tools.logging import logger
 
 from ..modules.experts import convert_experts
@@ -50,7 +50,18 @@ def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
         raise ValueError(f"{section}.bf16_first_layers/bf16_last_layers need a model with a `layers` stack; "
                          f"{type(model).__name__} has none")
     order = sorted(int(name) for name, _ in layers.named_children())
+    if first + last > len(order):
+        raise ValueError(f"{section}.bf16_first_layers={first} + {section}.bf16_last_layers={last} exceeds the "
+                         f"model's {len(order)} decoder layers; keep their sum <= {len(order)}")
     return set(order[:first]) | set(order[len(order) - last:] if last else ())
+
+
+def check_not_empty(cfg, section: str, converted: list, what: str, keys: str) -> None:
+    """An enabled converter that converts nothing would train plain bf16 under a 4/6 name: refuse it."""
+    if not converted and not cfg.allow_empty:
+        raise ValueError(f"{section} converted no {what}: {keys} leave nothing to quantize, so this run would "
+                         f"be plain bf16. Fix those keys, drop the converter from model.converters, or set "
+                         f"{section}.allow_empty = true to run it anyway")
 
 
 def validate_job_config(job_config, kind: str):
@@ -85,6 +96,15 @@ def validate_job_config(job_config, kind: str):
                              "hold whole weights per rank; use expert_parallel_degree > 1 with "
                              "expert_tensor_parallel_degree = 1")
     return cfg, cfg.recipe()
+
+
+def check_converter_names(job_config) -> None:
+    """torchtitan looks model.converters up in its registry and fails a typo with a bare KeyError before any
+    converter runs; the plugin's launcher calls this first to name the valid converters."""
+    unknown = [n for n in job_config.model.converters if n not in _registry_model_converter_cls]
+    if unknown:
+        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
+                         f"{', '.join(sorted(_registry_model_converter_cls))}")
 
 
 def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -143,6 +163,8 @@ class FourOverSixLinearConverter(_Converter):
         missing = [p for p in cfg.fqns if p not in hits]
         if missing:
             raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
+        check_not_empty(cfg, section, converted, "nn.Linear",
+                        f"{section}.fqns / filter_fqns / bf16_first_layers / bf16_last_layers")
         logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})")
         if skipped:
             logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
@@ -182,6 +204,8 @@ class FourOverSixGroupedMMConverter(_Converter):
         missing = [p for p in cfg.fqns if p not in hits]
         if missing:
             raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
+        check_not_empty(cfg, section, converted, "routed-experts module",
+                        f"{section}.fqns / bf16_first_layers / bf16_last_layers")
         logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
                     f"token groups aligned to {cfg.pad_multiple} rows")
 

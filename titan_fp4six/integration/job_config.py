@@ -30,6 +30,8 @@ class _SectionBase:
     """Number of decoder layers at the start of the stack (layers.0, ...) left in bf16."""
     bf16_last_layers: int = 0
     """Number of decoder layers at the end of the stack left in bf16."""
+    allow_empty: bool = False
+    """Converting no module at all is an error (a silent bf16 run) unless this is true."""
 
     SECTION = ""
     GROUPED = False
@@ -38,8 +40,10 @@ class _SectionBase:
         self.recipe()  # config-time validation, with the TOML keys named
         for key in ("bf16_first_layers", "bf16_last_layers"):
             value = getattr(self, key)
-            if type(value) is not int or value < 0:
+            if type(value) is not int or value < 0:  # bool and 2.0 are not layer counts
                 raise ValueError(f"{self.SECTION}.{key}={value!r}; it must be an integer >= 0")
+        if type(self.allow_empty) is not bool:
+            raise ValueError(f"{self.SECTION}.allow_empty={self.allow_empty!r}; it must be true or false")
 
     def recipe(self) -> FourOverSixRecipe:
         """The section's recipe, resolved for its GEMM kind; an invalid knob is reported with its TOML key."""

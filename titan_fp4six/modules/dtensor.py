@@ -6,14 +6,23 @@ tensor is the full weight of each local expert, which is what gets quantized. An
 parallelism) would make the per-tensor amax a per-shard one and change numerics, so it is refused.
 """
 
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+
+
+def is_dtensor(t) -> bool:
+    """isinstance(t, DTensor) without importing torch.distributed.tensor (most of `import titan_fp4six`'s
+    time): a DTensor can only exist once that module has been imported by whoever built it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local_weight(weight: torch.Tensor, name: str, *, experts: bool = False) -> torch.Tensor:
     """Return the tensor to quantize: `weight` itself, or its local shard when that holds whole matrices."""
-    if not isinstance(weight, DTensor):
+    if not is_dtensor(weight):
         return weight
+    from torch.distributed.tensor import Replicate, Shard
     allowed = (Replicate(), Shard(0)) if experts else (Replicate(),)
     bad = [p for p in weight.placements if p not in allowed]
     if bad:

@@ -14,12 +14,11 @@ offs[-1] reach the op, and the output is zero-extended back, so padding rows nev
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, four_over_six_grouped_mm
 from .autocast import autocast_operands, no_autocast
-from .dtensor import local_weight
+from .dtensor import is_dtensor, local_weight
 
 GROUP_ALIGN = 128
 """Default rows per token-group alignment unit (`pad_multiple`; torchtitan's TOKEN_GROUP_ALIGN_SIZE_M is set to
@@ -72,7 +71,7 @@ class _FourOverSixExperts:
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         weights = [local_weight(getattr(self, n), n, experts=True) for n in ("w1", "w2", "w3")]
         # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
-        dispatched = isinstance(self.w1, DTensor) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
+        dispatched = is_dtensor(self.w1) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
         *weights, x_in = autocast_operands(*weights, x)
         with no_autocast(x.device):
             if dispatched:

@@ -5,7 +5,6 @@ rounded), never by letting a Python float be lowered to a multiply by an inexact
 """
 
 import torch
-from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, f32_to_f4_unpacked, pack_uint4
 
 BLOCK_SIZE = 16
 E2M1_MAX = 6.0
@@ -17,6 +16,10 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NAN_CODE = 0x3
 """The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
 device's arithmetic, so the stored byte must not."""
+# The spec's E2M1 tie points (midpoints of the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6), split by where RNE sends a tie
+# (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4): the even code, below or above.
+_E2M1_TIES_DOWN = (0.25, 1.25, 2.5, 5.0)  # a tie here rounds down (to codes 0, 2, 4, 6): counted when |q| > t
+_E2M1_TIES_UP = (0.75, 1.75, 3.5)  # a tie here rounds up (to codes 2, 4, 6): counted when |q| >= t
 
 
 def fp32_const(value: float, device) -> torch.Tensor:
@@ -27,15 +30,28 @@ def fp32_const(value: float, device) -> torch.Tensor:
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
     """FP32 values already clamped to [-6, 6] -> unpacked E2M1 codes (uint8, bit 3 = IEEE sign).
 
-    torchao's encoder rounds to nearest even on the E2M1 grid with exactly the spec's tie points
-    (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4) and keeps the sign of -0.0; tests pin it.
+    Round to nearest even on the E2M1 grid with exactly the spec's tie points, sign = IEEE sign of q (so -0.0
+    and negatives rounding to 0 give 0x8); bit-identical to torchao's f32_to_f4_unpacked (tests pin both), in
+    pure PyTorch so importing the package never loads torchao. The code is the number of grid midpoints below
+    |q| (counting a tie as below when it rounds up), which is device-independent comparison arithmetic.
     """
-    return f32_to_f4_unpacked(q)
+    a = q.abs()
+    mag = torch.zeros(q.shape, dtype=torch.uint8, device=q.device)
+    for t in _E2M1_TIES_DOWN:
+        mag += a > t
+    for t in _E2M1_TIES_UP:
+        mag += a >= t
+    mag = torch.where(torch.isnan(q), NAN_CODE, mag)
+    return mag | (torch.signbit(q).to(torch.uint8) << 3)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    """Unpacked E2M1 codes -> FP32 values."""
-    return f4_unpacked_to_f32(codes)
+    """Unpacked E2M1 codes -> FP32 values (0x8 -> -0.0), built from bits (no table copied to the device):
+    magnitudes 2..7 are 1, 1.5, 2, 3, 4, 6, whose FP32 bits are (m + 252) << 22; then 0.5 and 0."""
+    c = codes.to(torch.int32)
+    m = c & 7
+    bits = torch.where(m > 1, (m + 252) << 22, torch.where(m == 1, 0x3F000000, 0).to(torch.int32))
+    return torch.where(c >= 8, bits | -0x80000000, bits).to(torch.int32).view(torch.float32)
 
 
 def e4m3_round(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +61,7 @@ def e4m3_round(x: torch.Tensor) -> torch.Tensor:
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """(R, C) unpacked codes -> (R, C/2) uint8, element 2j in the low nibble, 2j+1 in the high nibble."""
-    return pack_uint4(codes)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,12 @@ SCALE_BOUNDS = (256, 448)
 
 
 def check_choice(name: str, value, valid) -> None:
-    # bool is an int subclass: True must not pass for a number
-    if isinstance(value, bool) or value not in valid:
-        raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))}")
+    """value must be one of `valid` with the same type: 448.0 == 448 and True == 1 in Python, but a float or a
+    bool reaching the kernels as an int knob fails there, so equal values of another type are refused here."""
+    if type(value) not in {type(v) for v in valid} or value not in valid:
+        kinds = "/".join(sorted({type(v).__name__ for v in valid}))
+        raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))} "
+                         f"(type {kinds}; got {type(value).__name__})")
 
 
 def check_float_tensor(t, name: str) -> None:
@@ -29,6 +32,16 @@ def check_input(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} must be 2-D (rows, cols), got shape {tuple(x.shape)}")
     if x.shape[1] % BLOCK_SIZE:
         raise ValueError(f"{name} has {x.shape[1]} columns; NVFP4 needs a multiple of {BLOCK_SIZE}")
+
+
+def check_codes(codes) -> None:
+    """Packed codes: 2-D uint8 (R, C/2) of a C that is a multiple of 16, so a width that is a multiple of 8."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8 or codes.dim() != 2:
+        got = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
+        raise TypeError(f"codes must be 2-D uint8 (R, C/2), got {got}")
+    if codes.shape[1] % (BLOCK_SIZE // 2):
+        raise ValueError(f"codes has shape {tuple(codes.shape)}; packed codes are (R, C/2) with C a multiple of "
+                         f"{BLOCK_SIZE}, so the width must be a multiple of {BLOCK_SIZE // 2}")
 
 
 def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str, read_values: bool = True) -> None:

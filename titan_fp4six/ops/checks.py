@@ -13,8 +13,10 @@ def check_recipe(recipe) -> None:
 
 
 def check_multiple(value: int, what: str) -> None:
-    if value % BLOCK_SIZE:
-        raise ValueError(f"{what} is {value}; NVFP4 GEMMs need a multiple of {BLOCK_SIZE}")
+    """A GEMM dim that NVFP4 blocks: a positive multiple of 16 (0 would leave nothing to quantize or
+    reshape; only the token count M may be 0)."""
+    if value % BLOCK_SIZE or not value:
+        raise ValueError(f"{what} is {value}; NVFP4 GEMMs need a positive multiple of {BLOCK_SIZE}")
 
 
 def check_same_device(*named) -> None:
@@ -54,6 +56,8 @@ def check_grouped(A, B_t, offs, recipe) -> None:
         raise ValueError(f"B_t must be 3-D (E, K, N), the transposed view of (E, N, K) weights; "
                          f"got shape {tuple(B_t.shape)}")
     experts, k, n = B_t.shape
+    if not experts or not n:
+        raise ValueError(f"B_t (E, K, N) has shape {tuple(B_t.shape)}; E (experts) and N must be positive")
     if A.shape[1] != k:
         raise ValueError(f"A has K={A.shape[1]} but B_t (E, K, N) has shape {tuple(B_t.shape)}")
     check_multiple(k, "K (A.shape[1])")
