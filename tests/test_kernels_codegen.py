@@ -21,7 +21,8 @@ def _ptx(enable_fp_fusion: bool, four_six: bool) -> str:
     pointers = {"x_ptr": "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32", "scales_ptr": "*u8", "map4_ptr": "*u8",
                 "dec_ptr": "*i32"}
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
-                      WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False)
+                      WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False,
+                      MAP6_ONLY=False)
     scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)

@@ -34,7 +34,7 @@ def _quantizer_ptx(kind: int, four_six: bool, transposed: bool) -> str:
                  "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
-                      NB=launch.blocks, TRANSPOSED=transposed)
+                      NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False)
     return _compile(_quantize_kernel, signature, constexprs, launch.warps)
 
 

@@ -122,3 +122,37 @@ def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
     dec, codes, scales, _ = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_map6_only_kernels_match_reference(dtype):
+    """choose=False (an operand outside the recipe's scope): row-major, fused and columnwise kernels keep
+    map-to-6 in every block, bitwise equal to the reference, edge data included."""
+    from titan_fp4six.dispatch.quantize import run_four_over_six, run_four_over_six_columnwise
+    from titan_fp4six.numerics import reference
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(200, 512, generator=g) * torch.rand(200, 1, generator=g) * 10).to(dtype)
+    x[3, :16] = 0
+    x[5, 7] = float("nan")
+    x[9, 100] = float("inf")
+    x = x.cuda()
+    for block, err_mode, bound in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448)):
+        rows = 192 if block == "16x16" else 200
+        xb = x[:rows]
+        amax = xb.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()  # finite: NaN/Inf stay local
+        want = reference.four_over_six_reference(xb, amax, block, err_mode, bound, choose=False)
+        assert not torch.equal(want[0], reference.four_over_six_reference(xb, amax, block, err_mode, bound)[0])
+        for decode in (False, True):
+            got = run_four_over_six(xb, amax, block, err_mode, bound, "triton", decode, choose=False)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+            assert not got[2].any()
+            if decode:
+                ref_dec = reference.decode_block_scaled_reference(want[0], want[1])
+                assert torch.equal(got[3].isnan(), ref_dec.isnan())
+                assert torch.equal(got[3].nan_to_num(), ref_dec.nan_to_num())
+    amax = x.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 8)).t().contiguous()
+    want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
+    got = run_four_over_six_columnwise(x, amax, "mse", 256, "triton", False, choose=False)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))

@@ -16,14 +16,15 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
                       quantizer: str, decode: bool, choose: bool = True):
     """(codes, scales, map4, bf16 block-scaled decode or None) of a validated 2-D x.
 
-    With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume).
-    choose=False (map-to-6 only) has no kernel yet: it runs the reference, also on CUDA (same bytes)."""
-    kernels = kernels_for(x, quantizer, "quantize") if choose else None
+    With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
+    choose=False keeps map-to-6 in every block."""
+    kernels = kernels_for(x, quantizer, "quantize")
     if kernels is not None:
         if decode:
-            dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
+            dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound,
+                                                                             choose)
             return codes, scales, map4, dec
-        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound), None)
+        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound, choose), None)
     codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound, choose)
     return codes, scales, map4, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
@@ -56,9 +57,10 @@ def run_four_over_six_columnwise(x: torch.Tensor, amax: torch.Tensor, err_mode: 
     """Four-over-six (1x16) of x^T for a 2-D x (M, K) with a per-tensor amax, blocked along M: (codes, scales,
     map4, decode or None) of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes
     the zero-padded transpose (same bytes)."""
-    kernels = _columnwise_kernels(x, amax, quantizer) if choose else None
+    kernels = _columnwise_kernels(x, amax, quantizer)
     if kernels is not None:
-        dec, codes, scales, map4 = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode)
+        dec, codes, scales, map4 = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode,
+                                                                             choose)
         return codes, scales, map4, dec
     return run_four_over_six(_padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose)
 

@@ -480,7 +480,8 @@ def _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, o
 
 @triton.jit
 def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constexpr, MSE: tl.constexpr,
-                    TILE16: tl.constexpr, WRITE_DEC: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+                    TILE16: tl.constexpr, WRITE_DEC: tl.constexpr, TRANSPOSED: tl.constexpr = False,
+                    MAP6_ONLY: tl.constexpr = False):
     """Steps 2-7 exactly as written, for any input, reading the chunk's x again: (map-to-4 choice, scale byte,
     packed signed codes, decode words)."""
     bamax = tl.abs(_load_element(x_ptr, word, 0, ok, KIND, TRANSPOSED))
@@ -491,6 +492,8 @@ def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constex
     lo6, hi6, err6 = _exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE, TRANSPOSED)
     lo4, hi4, err4 = _exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE, TRANSPOSED)
     pick = _prefers_map4(err4, err6, TILE16)
+    if MAP6_ONLY:  # an operand outside the recipe's scope keeps map-to-6
+        pick = tl.zeros(pick.shape, tl.int1)
     lo = tl.where(pick, lo4, lo6)
     hi = tl.where(pick, hi4, hi6)
     dec = ()
@@ -511,7 +514,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                      CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
                      PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr,
-                     TRANSPOSED: tl.constexpr = False):
+                     TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -605,6 +608,9 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
             pick = tl.broadcast_to(high4 < low6, ok.shape)
             settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
+            if MAP6_ONLY:  # no choice to settle: map-to-6 everywhere (only the fast setting defers)
+                pick = tl.zeros(ok.shape, tl.int1)
+                settled = pick == pick
             deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
             sf = e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
@@ -653,7 +659,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                     else:
                         where = rows64 * row_words + blks * WORDS
                     pick, sf, lo, hi, dec = _four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
-                                                            TILE16, WRITE_DEC, TRANSPOSED)
+                                                            TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                     _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
                                  pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
 
@@ -674,7 +680,7 @@ def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
 
 
 def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool,
-            transposed: bool = False):
+            transposed: bool = False, choose: bool = True):
     """Outputs of the (rows, cols) matrix quantized: x itself, or with `transposed` x^T of a row-major x (M, K)
     padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place."""
     if transposed:
@@ -703,7 +709,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
             MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
             VEC=not transposed and x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
             SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
-            TRANSPOSED=transposed, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
+            TRANSPOSED=transposed, MAP6_ONLY=not choose, num_warps=launch.warps, maxnreg=launch.max_registers,
+            **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
@@ -713,17 +720,18 @@ def eligible(x: torch.Tensor) -> bool:
             and x.data_ptr() % 4 == 0)
 
 
-def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int):
-    """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference."""
+def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True):
+    """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference (choose=False:
+    map-to-6 in every block)."""
     codes, scales, map4, _ = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                     scale_bound=scale_bound, decode=False)
+                                     scale_bound=scale_bound, decode=False, choose=choose)
     return codes, scales, map4
 
 
-def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int):
+def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True):
     """(bf16 block-scaled decode, codes, scales, map4) from one read of x."""
     codes, scales, map4, dec = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=True)
+                                       scale_bound=scale_bound, decode=True, choose=choose)
     return dec, codes, scales, map4
 
 
@@ -747,14 +755,15 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
     return x.is_cuda and x.stride(1) == 1
 
 
-def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False):
+def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False,
+                                      choose: bool = True):
     """Four-over-six (1x16 blocks, per-tensor amax) of x^T for a row-major x (M, K), read in place: x^T padded
     with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
     materializing it. Arguments checked by the caller (the dispatch layer): knobs valid, amax FP32 of shape () on
     x's device, x eligible_columnwise. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode (K, ceil16(M)) if
     `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool (K, ceil16(M) / 16)."""
     codes, scales, map4, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=decode, transposed=True)
+                                       scale_bound=scale_bound, decode=decode, transposed=True, choose=choose)
     return dec, codes, scales, map4
 
 
