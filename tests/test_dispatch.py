@@ -123,3 +123,21 @@ def test_quantizer_choice_on_cuda(monkeypatch, caplog):
     strided = x.t()  # not a layout the kernel reads: 'triton' refuses, 'auto' falls back and says so
     with pytest.raises(ValueError, match="does not take x"):
         dispatch.four_over_six_quantize(strided, dispatch.tensor_amax(x), quantizer="triton")
+
+
+def test_columnwise_reference_quantizes_the_zero_padded_transpose():
+    """Where no kernel runs, the columnwise operands are the reference on x^T padded with zero columns to a
+    multiple of 16 (what the kernel reads in place), with a map-to-6-only variant for operands out of scope."""
+    from titan_fp4six.dispatch.quantize import run_four_over_six_columnwise, run_nvfp4_columnwise
+    from titan_fp4six.numerics import reference
+
+    x, amax = _inputs(False, nan=False, rows=37, cols=48)
+    xt = torch.cat([x, x.new_zeros(11, 48)]).t().contiguous()  # 37 rows -> 48
+    for choose in (True, False):
+        got = run_four_over_six_columnwise(x, amax, "mse", 256, "auto", decode=True, choose=choose)
+        want = reference.four_over_six_reference(xt, amax, "1x16", "mse", 256, choose)
+        _assert_same_bytes(got[:3], want)
+        _assert_same_bytes(got[3:], (reference.decode_block_scaled_reference(want[0], want[1]),))
+    codes, scales, dec = run_nvfp4_columnwise(x, amax, "auto", decode=False)
+    _assert_same_bytes((codes, scales), reference.nvfp4_reference(xt, amax))
+    assert dec is None and codes.shape == (48, 24)
