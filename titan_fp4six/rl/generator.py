@@ -3,15 +3,18 @@
 Prompts of different lengths are right-padded; each row writes its own next slot (= its RoPE position), so
 a row's computation never sees another row's padding. Sampling: temperature, then top-p (nucleus) on the
 sorted probabilities; the returned logprob of each token is under the distribution it was drawn from
-(temperature and top-p applied, renormalized), i.e. the sampling policy. Greedy when temperature == 0.
+(temperature and top-p applied, renormalized), i.e. the sampling policy. Greedy when temperature == 0 (the model's
+logprob of the argmax is returned).
 With top_p < 1 the trainer cannot re-score the truncation, so the mismatch then includes it.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..ops.stats import MAP4_STATS
 from .forward import KVCache, forward
 
 
@@ -26,8 +29,9 @@ class Rollout:
 
 
 def tempered(logprobs: Tensor, temperature: float, log_softmax) -> Tensor:
-    """The model's logprobs at `temperature` (unchanged, bit for bit, at 1): what the trainer re-scores."""
-    return logprobs if temperature == 1 else log_softmax(logprobs.float() / temperature)
+    """The model's logprobs at `temperature` (unchanged, bit for bit, at 1 and for greedy decoding): what the
+    trainer re-scores."""
+    return logprobs if temperature in (0, 1) else log_softmax(logprobs.float() / temperature)
 
 
 def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
@@ -35,9 +39,9 @@ def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.
     """logprobs (B, V) of the model -> (token (B,), its logprob under the sampling distribution (B,)).
 
     `log_softmax` renormalizes at temperature != 1 (the kernels' own, so the trainer can match it)."""
-    if temperature == 0:
+    if temperature == 0:  # greedy: report the model's logprob of the chosen token
         token = logprobs.argmax(-1)
-        return token, torch.zeros_like(token, dtype=torch.float32)
+        return token, logprobs.gather(-1, token[:, None]).squeeze(-1).float()
     logits = tempered(logprobs, temperature, log_softmax or (lambda x: torch.log_softmax(x, -1)))
     if top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
@@ -49,7 +53,18 @@ def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.
     return token, policy.gather(-1, token[:, None]).squeeze(-1)
 
 
+@contextlib.contextmanager
+def _map4_stats_paused():
+    """Rollouts do not count toward the training map-to-4 metric (whose counters must not be inference tensors)."""
+    enabled, MAP4_STATS.enabled = MAP4_STATS.enabled, False
+    try:
+        yield
+    finally:
+        MAP4_STATS.enabled = enabled
+
+
 @torch.inference_mode()
+@_map4_stats_paused()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_ids: tuple[int, ...] = (),
              pad_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
              generator: torch.Generator | None = None, cache_dtype=None) -> Rollout:
