@@ -77,6 +77,9 @@ def test_fast_rollouts_quantize_expert_weights_once_per_refresh(float_histc):
             model.layers["0"].moe.experts.w1.mul_(1.01)  # what an optimizer step does
         generate(model, [TARGET], max_new_tokens=3, ops=kernels(False, cache), temperature=0.0)
         assert cache.refreshes == 3
+        cache.invalidate()  # what the trainer does after an optimizer step (fused AdamW keeps versions)
+        generate(model, [TARGET], max_new_tokens=3, ops=kernels(False, cache), temperature=0.0)
+        assert cache.refreshes == 5
     assert "forward" not in vars(model.layers["0"].moe.experts)  # patch removed
     # fast rollouts score close to the trainer's fast forward (same quantization, other reduction orders)
     tokens, logprobs = _rollout(model, [TARGET, OTHERS[1]], False)

@@ -1,8 +1,9 @@
 """Routed experts for rollouts: expert weights quantized once per weight refresh, not once per decode step.
 
 `ExpertWeightCache` holds each converted experts module's three weights as the emulated GEMM consumes them
-(the exact bf16 block-scaled decode, (E, N, K), and the per-expert global factor amax/(6B)), keyed on the
-parameters' version counters: an optimizer step bumps them, so the next rollout re-quantizes, once. The
+(the exact bf16 block-scaled decode, (E, N, K), and the per-expert global factor amax/(6B)). The trainer
+calls `invalidate()` after every optimizer step (a fused AdamW does not bump the parameters' version
+counters); entries are also keyed on those counters, so in-place edits elsewhere re-quantize too. The
 quantization is the ops' own (the numerics API with the same per-expert amax and weight block), so the
 cached operands are byte-identical to what the training forward quantizes.
 
@@ -50,6 +51,10 @@ class ExpertWeightCache:
         self._entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.refreshes = 0
         """How many times weights were quantized (a test counts them)."""
+
+    def invalidate(self) -> None:
+        """Weights changed (a policy update): the next rollout quantizes them again, once."""
+        self._entries.clear()
 
     def get(self, experts, dtype: torch.dtype) -> list[tuple[Tensor, Tensor]]:
         weights = [getattr(experts, n) for n in _NAMES]

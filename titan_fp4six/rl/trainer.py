@@ -117,12 +117,13 @@ class RLTrainer(Trainer):
         grad_norm = dist_utils.clip_grad_norm_([p for p in model.parameters()], self.job_config.training.max_norm,
                                                foreach=True)
         self.optimizers.step()
+        self.expert_cache.invalidate()
         self.lr_schedulers.step()
         train_time = self._sync() - start
         trained = sum(len(p) for p in prompts) + generated
         self.ntokens_seen += trained
         metrics.update(stats)
-        metrics.update({"step": self.step, "loss": float(loss), "reward": float(rewards.mean()),
+        metrics.update({"step": self.step, "loss": float(loss.detach()), "reward": float(rewards.mean()),
                         "reward_max": float(rewards.max()), "grad_norm": float(grad_norm), "lr": lr,
                         "response_tokens": generated, "gen_tps": generated / gen_time,
                         "train_tps": trained / train_time, "gen_s": gen_time, "train_s": train_time,
