@@ -11,8 +11,9 @@ already). The rules, each provable from IEEE-754 semantics:
   zero-padded to a power of two; sums over attention key slots run left to right, masked slots add exact
   zeros, so extra (padded or cache) slots change nothing;
 - GEMMs: on the CPU, exact products and the same tree over K (provable); on CUDA, every product is a
-  torch.mm of one fixed shape (rows padded to ROWS, a fresh buffer each), so the library picks one kernel
-  and each row's K-order depends on nothing else in the batch.
+  torch.mm (dense) or torch.bmm (grouped experts) of one fixed shape (rows padded to ROWS, chunks to
+  CHUNKS, fresh buffers), so the library picks one kernel and each row's K-order depends on nothing else
+  in the batch (checked by the mismatch the H200 run logs, not provable like the CPU path).
 Everything computes in FP32. The GEMM's backward is a plain FP32 GEMM (training needs no invariance there).
 """
 
@@ -147,6 +148,76 @@ class _InvariantMM(torch.autograd.Function):
         dx = (grad @ w.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
         dw = (grad.t() @ x.float()).to(w.dtype) if ctx.needs_input_grad[1] else None
         return dx, dw, None
+
+
+CHUNKS = 64
+"""CUDA grouped GEMM: every batched call multiplies exactly this many ROWS-row chunks."""
+
+
+def grouped_product(x: Tensor, w: Tensor, counts: list[int]) -> Tensor:
+    """Expert-sorted rows x (R, K) times their expert's w[e] (E, N, K)^T -> (R, N) FP32, row-invariant.
+
+    CPU: each expert's rows through `product`. CUDA: rows cut into ROWS-row chunks inside each expert
+    (zero-padded), chunks multiplied CHUNKS at a time by one torch.bmm of fixed shape (padding chunks too)."""
+    x, w = x.float(), w.float()
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    if not x.is_cuda:
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                out[start:start + count] = product(x[start:start + count], w[e])
+            start += count
+        return out
+    rows, experts, start = [], [], 0
+    for e, count in enumerate(counts):
+        for first in range(start, start + count, ROWS):
+            rows.append(torch.arange(first, first + ROWS, device=x.device))
+            experts.append(e)
+        start += count
+    if not rows:
+        return out
+    pad = -len(rows) % CHUNKS
+    index = torch.stack(rows + [rows[0]] * pad)  # (C, ROWS); rows past an expert's count are masked below
+    owner = torch.tensor(experts + [0] * pad, device=x.device)
+    bounds = torch.tensor([0, *counts], device=x.device).cumsum(0)
+    valid = index < bounds[owner + 1][:, None]
+    chunks = torch.where(valid[..., None], x[index.clamp(max=x.shape[0] - 1)], 0.0)
+    for b in range(0, index.shape[0], CHUNKS):
+        sel = slice(b, b + CHUNKS)
+        prod = torch.bmm(chunks[sel].clone(), w[owner[sel]].transpose(1, 2))
+        keep = valid[sel]
+        out[index[sel][keep]] = prod[keep]
+    return out
+
+
+class _InvariantGroupedMM(torch.autograd.Function):
+    """Grouped counterpart of _InvariantMM: forward_fn(x, w, counts) invariant, FP32 GEMMs per expert backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, counts, forward_fn):
+        ctx.save_for_backward(x, w)
+        ctx.counts = counts
+        return forward_fn(x, w, counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        grad = grad.float()
+        dx = torch.zeros_like(x, dtype=torch.float32)
+        dw = torch.zeros_like(w, dtype=torch.float32)
+        start = 0
+        for e, count in enumerate(ctx.counts):
+            if count:
+                g, xe = grad[start:start + count], x[start:start + count].float()
+                dx[start:start + count] = g @ w[e].float()
+                dw[e] = g.t() @ xe
+            start += count
+        return dx.to(x.dtype), dw.to(w.dtype), None, None
+
+
+def grouped_mm(x: Tensor, w: Tensor, counts: list[int], forward_fn=None) -> Tensor:
+    """Batch-invariant grouped x (R, K) @ w[e] (E, N, K)^T per expert group -> (R, N) FP32, differentiable."""
+    return _InvariantGroupedMM.apply(x, w, counts, forward_fn or grouped_product)
 
 
 def mm(x: Tensor, w: Tensor, forward_fn=None) -> Tensor:

@@ -145,23 +145,18 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     top = top * router.route_scale
     experts = moe.experts
     order = torch.argsort(top_idx.view(-1), stable=True)
-    counts = torch.bincount(top_idx.view(-1), minlength=experts.num_experts)
+    counts = torch.bincount(top_idx.view(-1), minlength=experts.num_experts).tolist()
     rows = x[order // router.top_k]
-    out = torch.zeros_like(rows)
-    quantized = is_quantized(experts)
-    if quantized:
+    w1, w2, w3 = (getattr(experts, n) for n in _NAMES)
+    if is_quantized(experts):
         weights = cache.get(experts, torch.float32) if cache is not None else [
             quantize_expert_weight(getattr(experts, n).detach().float(), experts.recipe) for n in _NAMES]
-    start = 0
-    for e, count in enumerate(counts.tolist()):
-        if count:
-            sel = slice(start, start + count)
-            w = [getattr(experts, n)[e] for n in _NAMES]
-            gemm = [functools.partial(_quantized_product, weights[i][0][e], weights[i][1][e], experts.recipe)
-                    if quantized else None for i in range(3)]
-            h = consistent.silu(consistent.mm(rows[sel], w[0], gemm[0])) * consistent.mm(rows[sel], w[2], gemm[2])
-            out[sel] = consistent.mm(h, w[1], gemm[1])
-        start += count
+        gemm = [functools.partial(_quantized_grouped_product, *weights[i], experts.recipe) for i in range(3)]
+    else:
+        gemm = [None] * 3
+    h = consistent.silu(consistent.grouped_mm(rows, w1, counts, gemm[0])) * consistent.grouped_mm(
+        rows, w3, counts, gemm[2])
+    out = consistent.grouped_mm(h, w2, counts, gemm[1])
     unsorted = torch.empty_like(out).index_copy(0, order, out).view(-1, router.top_k, x.shape[-1])
     result = top[:, 0, None] * unsorted[:, 0]
     for j in range(1, router.top_k):
@@ -169,8 +164,12 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     return result
 
 
-def _quantized_product(w_dec: Tensor, w_factor: Tensor, recipe, x: Tensor, w: Tensor) -> Tensor:
-    """One expert's 4/6 product for the invariant GEMM: x quantized per row (row-scaled) or over these rows."""
-    offs = torch.tensor([x.shape[0]], dtype=torch.int32, device=x.device)
+def _quantized_grouped_product(w_dec: Tensor, w_factor: Tensor, recipe, x: Tensor, w: Tensor,
+                               counts: list[int]) -> Tensor:
+    """The experts' 4/6 product for the invariant grouped GEMM: x quantized per row (row-scaled) or per
+    expert group (then batch-dependent), the weights' cached or fresh decode."""
+    sizes = torch.tensor(counts, device=x.device)
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
     dec, factor = quantize_rows(x, offs, recipe)
-    return consistent.product(dec, w_dec) * (factor * w_factor)[:, None]
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=x.device), sizes, output_size=x.shape[0])
+    return consistent.grouped_product(dec, w_dec, counts) * (factor * w_factor[owner])[:, None]
