@@ -168,19 +168,20 @@ def grouped_product(x: Tensor, w: Tensor, counts: list[int]) -> Tensor:
                 out[start:start + count] = product(x[start:start + count], w[e])
             start += count
         return out
-    rows, experts, start = [], [], 0
+    firsts, experts, start = [], [], 0
     for e, count in enumerate(counts):
-        for first in range(start, start + count, ROWS):
-            rows.append(torch.arange(first, first + ROWS, device=x.device))
-            experts.append(e)
+        firsts += range(start, start + count, ROWS)
+        experts += [e] * len(range(start, start + count, ROWS))
         start += count
-    if not rows:
+    if not firsts:
         return out
-    pad = -len(rows) % CHUNKS
-    index = torch.stack(rows + [rows[0]] * pad)  # (C, ROWS); rows past an expert's count are masked below
+    pad = -len(firsts) % CHUNKS
+    # (C, ROWS) row indices; rows past an expert's count (and the padding chunks) are masked below
+    index = torch.tensor(firsts + [0] * pad, device=x.device)[:, None] + torch.arange(ROWS, device=x.device)
     owner = torch.tensor(experts + [0] * pad, device=x.device)
     bounds = torch.tensor([0, *counts], device=x.device).cumsum(0)
-    valid = index < bounds[owner + 1][:, None]
+    real = torch.arange(index.shape[0], device=x.device) < len(firsts)
+    valid = (index < bounds[owner + 1][:, None]) & real[:, None]
     chunks = torch.where(valid[..., None], x[index.clamp(max=x.shape[0] - 1)], 0.0)
     for b in range(0, index.shape[0], CHUNKS):
         sel = slice(b, b + CHUNKS)
