@@ -47,6 +47,9 @@ def _rope(x: Tensor, rope_cache: Tensor, positions: Tensor) -> Tensor:
 class _Kernels:
     """Fast mode: the model's own modules."""
 
+    activation_dtype: torch.dtype | None = None
+    """The dtype these kernels compute activations in (None: the model's / autocast's)."""
+
     def __init__(self, expert_cache: ExpertWeightCache | None = None):
         self.expert_cache = expert_cache
 
@@ -72,6 +75,8 @@ class _Kernels:
 
 class _Consistent(_Kernels):
     """Consistent mode: batch-invariant kernels on the same weights, FP32 activations."""
+
+    activation_dtype = torch.float32
 
     def linear(self, module, x):
         out = consistent.mm(x.reshape(-1, x.shape[-1]), module.weight)
@@ -132,8 +137,8 @@ def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCa
     Without a cache: whole right-padded sequences (positions = column index), causal. With one: K/V of these
     tokens go to slots `positions`, each query attends to slots <= its position."""
     h = model.tok_embeddings(tokens)
-    if isinstance(ops, _Consistent):
-        h = h.float()
+    if ops.activation_dtype is not None:
+        h = h.to(ops.activation_dtype)
     for i, layer in enumerate(model.layers.values()):
         ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
         h = h + _attention_block(layer.attention, ops, ops.norm(layer.attention_norm, h), model.rope_cache,

@@ -67,7 +67,7 @@ def _map4_stats_paused():
 @_map4_stats_paused()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_ids: tuple[int, ...] = (),
              pad_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
-             generator: torch.Generator | None = None, cache_dtype=None) -> Rollout:
+             generator: torch.Generator | None = None) -> Rollout:
     """Sample up to `max_new_tokens` after each prompt; a row stops after emitting one of `stop_ids`."""
     if not prompts or min(len(p) for p in prompts) == 0:
         raise ValueError("generate needs at least one prompt, each with at least one token")
@@ -81,9 +81,8 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_
     tokens = torch.full((batch, longest), pad_id, dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
         tokens[i, :len(p)] = torch.tensor(p, device=device)
-    dtype = cache_dtype or (torch.float32 if ops.__class__.__name__ == "_Consistent" else
-                            torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
-                            else model.tok_embeddings.weight.dtype)
+    dtype = ops.activation_dtype or (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+                                     else model.tok_embeddings.weight.dtype)
     cache = KVCache.empty(model, batch, longest + max_new_tokens, dtype, device)
     positions = torch.arange(longest, device=device).expand(batch, -1)
     logprobs = forward(model, tokens, positions, ops, cache)
