@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-ROWS = 64
+ROWS = 128
 """CUDA GEMM chunk: every invariant GEMM call multiplies exactly this many rows."""
 _CPU_CHUNK = 1 << 22
 """CPU GEMM: at most this many products materialized at once (rows are independent, so chunking is free)."""
