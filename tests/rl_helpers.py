@@ -32,12 +32,13 @@ def score(model, prompts, responses, ops) -> list[torch.Tensor]:
     """Trainer-side logprobs of each response token: whole right-padded sequences in one forward."""
     seqs = [p + r for p, r in zip(prompts, responses)]
     width = max(map(len, seqs))
+    device = model.tok_embeddings.weight.device
     tokens = torch.ones(len(seqs), width, dtype=torch.long)
     for i, s in enumerate(seqs):
         tokens[i, :len(s)] = torch.tensor(s)
     with torch.no_grad():
-        lp = forward(model, tokens, torch.arange(width).expand(len(seqs), -1), ops)
-    return [lp[i, len(p) - 1:len(p) - 1 + len(r)].gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        lp = forward(model, tokens.to(device), torch.arange(width, device=device).expand(len(seqs), -1), ops)
+    return [lp[i, len(p) - 1:len(p) - 1 + len(r)].gather(-1, torch.tensor(r, device=device)[:, None]).squeeze(-1)
             for i, (p, r) in enumerate(zip(prompts, responses))]
 
 

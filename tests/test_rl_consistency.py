@@ -24,9 +24,12 @@ def _rollout(model, prompts, consistent_mode):
             ro.logprobs[i][ro.mask[i]] for i in range(len(prompts))]
 
 
-def _mismatches(activation_scaling):
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+
+
+def _mismatches(activation_scaling, device="cpu"):
     """max |trainer - rollout| of TARGET's response over {alone, batched} rollouts x {alone, batched} scoring."""
-    model = tiny_model(activation_scaling)
+    model = tiny_model(activation_scaling).to(device)
     ops = kernels(True)
     out, rollouts = [], []
     for prompts in ([TARGET], [OTHERS[0], TARGET, *OTHERS[1:]]):
@@ -39,14 +42,16 @@ def _mismatches(activation_scaling):
     return out, rollouts
 
 
-def test_row_scaled_rollouts_match_the_trainer_bitwise():
-    mismatches, ((tokens, logprobs), (tokens_b, logprobs_b)) = _mismatches("row")
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_row_scaled_rollouts_match_the_trainer_bitwise(device):
+    mismatches, ((tokens, logprobs), (tokens_b, logprobs_b)) = _mismatches("row", device)
     assert mismatches == [0.0, 0.0, 0.0, 0.0]
     assert tokens == tokens_b and torch.equal(logprobs, logprobs_b)  # greedy: same rollout alone or batched
 
 
-def test_per_tensor_scaling_is_not_batch_invariant():
-    assert max(_mismatches("tensor")[0]) > 0
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_per_tensor_scaling_is_not_batch_invariant(device):
+    assert max(_mismatches("tensor", device)[0]) > 0
 
 
 def test_consistent_kernels_are_row_independent():
