@@ -34,9 +34,11 @@ class RLTrainer(Trainer):
         cfg = job_config.rl
         if self.parallel_dims.world_size != 1 or len(self.model_parts) != 1:
             raise ValueError(f"titan_fp4six.rl runs on one device; got world size {self.parallel_dims.world_size}")
-        for name in ("prompts_per_step", "group_size"):
-            if getattr(cfg, name) < 1 or (name == "group_size" and cfg.group_size < 2):
-                raise ValueError(f"rl.{name}={getattr(cfg, name)}; it must be >= {2 if name == 'group_size' else 1}")
+        if cfg.prompts_per_step < 1 or cfg.group_size < 2:
+            raise ValueError(f"rl.prompts_per_step={cfg.prompts_per_step} must be >= 1 and rl.group_size="
+                             f"{cfg.group_size} >= 2 (advantages are relative to a prompt's group)")
+        if cfg.clip_eps <= 0 or cfg.kl_coef < 0:
+            raise ValueError(f"rl.clip_eps={cfg.clip_eps} must be > 0 and rl.kl_coef={cfg.kl_coef} >= 0")
         self.task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
         self.rng = random.Random(cfg.seed)
         self.sampler = torch.Generator(device=self.device).manual_seed(cfg.seed)
