@@ -1,0 +1,22 @@
+"""``python -m titan_fp4six.rl --job.config_file configs/rl_grpo_....toml``: GRPO on torchtitan (CPU without a GPU)."""
+
+import torch
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        from ..integration import cpu
+
+        cpu.apply()
+    from ..train import _single_process_env
+
+    _single_process_env()
+    from torchtitan.train import main as torchtitan_main
+
+    from .trainer import RLTrainer
+
+    torchtitan_main(RLTrainer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The Qwen3 (torchtitan) model's forward with per-row positions, a KV cache and two kernel sets.
+
+torchtitan's own forward has neither a KV cache nor padding masks, so rollouts and the trainer's re-scoring
+both run this one, which reads the model's modules (tok_embeddings, layers.*.attention.{wq,wk,wv,wo,q_norm,
+k_norm}, attention_norm, ffn_norm, moe or feed_forward, norm, output, rope_cache) and calls them:
+- fast mode: the modules themselves (converted 4/6 Linears and experts included), SDPA with a boolean mask;
+- consistent mode: the same weights through the batch-invariant kernels of `consistent` (FP32).
+Slot convention: a token's RoPE position is its cache slot; sequences are right-padded, so padding sits after
+each row's real tokens and causality alone keeps it out of every real query.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import consistent
+from .experts import ExpertWeightCache, consistent_moe
+
+
+@dataclass
+class KVCache:
+    """Per layer (B, n_kv_heads, slots, head_dim) keys and values; unwritten slots hold zeros."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+
+    @classmethod
+    def empty(cls, model, batch: int, slots: int, dtype, device) -> "KVCache":
+        attn = next(iter(model.layers.values())).attention
+        shape = (batch, attn.n_kv_heads, slots, attn.head_dim)
+        n = len(model.layers)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)])
+
+
+def _rope(x: Tensor, rope_cache: Tensor, positions: Tensor) -> Tensor:
+    """torchtitan's rotate-half RoPE at per-row positions: x (B, T, H, D), positions (B, T)."""
+    d = x.shape[-1]
+    rc = rope_cache[positions][:, :, None, :]
+    cos, sin = rc[..., :d].to(x.dtype), rc[..., d:].to(x.dtype)
+    rotated = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Kernels:
+    """Fast mode: the model's own modules."""
+
+    activation_dtype: torch.dtype | None = None
+    """The dtype these kernels compute activations in (None: the model's / autocast's)."""
+
+    def __init__(self, expert_cache: ExpertWeightCache | None = None):
+        self.expert_cache = expert_cache
+
+    def linear(self, module, x):
+        return module(x)
+
+    def norm(self, module, x):
+        return module(x)
+
+    def attention(self, q, k, v, allowed, scale):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+    def moe(self, module, x):
+        return module(x)
+
+    def feed_forward(self, module, x):
+        return module(x)
+
+    def log_softmax(self, logits):
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+class _Consistent(_Kernels):
+    """Consistent mode: batch-invariant kernels on the same weights, FP32 activations."""
+
+    activation_dtype = torch.float32
+
+    def linear(self, module, x):
+        out = consistent.mm(x.reshape(-1, x.shape[-1]), module.weight)
+        if module.bias is not None:
+            out = out + module.bias.float()
+        return out.view(*x.shape[:-1], -1)
+
+    def norm(self, module, x):
+        return consistent.rms_norm(x, module.weight, module.eps if module.eps is not None else
+                                   torch.finfo(torch.float32).eps)
+
+    def attention(self, q, k, v, allowed, scale):
+        rep = q.shape[1] // k.shape[1]
+        return consistent.attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), allowed, scale)
+
+    def moe(self, module, x):
+        return consistent_moe(module, x.reshape(-1, x.shape[-1]).float(), self.expert_cache).view(x.shape)
+
+    def feed_forward(self, module, x):
+        h = consistent.silu(self.linear(module.w1, x)) * self.linear(module.w3, x)
+        return self.linear(module.w2, h)
+
+    def log_softmax(self, logits):
+        return consistent.log_softmax(logits)
+
+
+def kernels(consistent_mode: bool, expert_cache: ExpertWeightCache | None = None) -> _Kernels:
+    return (_Consistent if consistent_mode else _Kernels)(expert_cache)
+
+
+def _attention_block(attn, ops: _Kernels, x: Tensor, rope_cache: Tensor, positions: Tensor, cache_k, cache_v):
+    bs, t, _ = x.shape
+    q = ops.linear(attn.wq, x).view(bs, t, -1, attn.head_dim)
+    k = ops.linear(attn.wk, x).view(bs, t, -1, attn.head_dim)
+    v = ops.linear(attn.wv, x).view(bs, t, -1, attn.head_dim)
+    if attn.q_norm is not None:
+        q = ops.norm(attn.q_norm, q)
+    if attn.k_norm is not None:
+        k = ops.norm(attn.k_norm, k)
+    q, k = _rope(q, rope_cache, positions), _rope(k, rope_cache, positions)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache_k is None:  # whole sequences: slot = column
+        slots = torch.arange(t, device=x.device)
+    else:  # write this step's keys/values at their positions, attend over every slot
+        index = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+        cache_k.scatter_(2, index, k.to(cache_k.dtype))
+        cache_v.scatter_(2, index, v.to(cache_v.dtype))
+        k, v = cache_k.to(q.dtype), cache_v.to(q.dtype)
+        slots = torch.arange(k.shape[2], device=x.device)
+    allowed = (slots[None, None, None, :] <= positions[:, None, :, None])
+    out = ops.attention(q, k, v, allowed, attn.scaling).transpose(1, 2).reshape(bs, t, -1)
+    return ops.linear(attn.wo, out)
+
+
+def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCache | None = None) -> Tensor:
+    """tokens, positions (B, T) -> token log-probabilities (B, T, vocab) FP32 of the next token.
+
+    Without a cache: whole right-padded sequences (positions = column index), causal. With one: K/V of these
+    tokens go to slots `positions`, each query attends to slots <= its position."""
+    h = model.tok_embeddings(tokens)
+    if ops.activation_dtype is not None:
+        h = h.to(ops.activation_dtype)
+    for i, layer in enumerate(model.layers.values()):
+        ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
+        h = h + _attention_block(layer.attention, ops, ops.norm(layer.attention_norm, h), model.rope_cache,
+                                 positions, ck, cv)
+        if layer.moe_enabled:
+            h = h + ops.moe(layer.moe, ops.norm(layer.ffn_norm, h))
+        else:
+            h = h + ops.feed_forward(layer.feed_forward, ops.norm(layer.ffn_norm, h))
+    return ops.log_softmax(ops.linear(model.output, ops.norm(model.norm, h)))

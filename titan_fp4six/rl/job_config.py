@@ -1,0 +1,36 @@
+"""`[job] custom_config_module = "titan_fp4six.rl.job_config"`: the plugin's sections plus `[rl]`."""
+
+from dataclasses import dataclass, field
+
+from ..integration import job_config as _plugin
+
+
+@dataclass
+class RL:
+    consistent: bool = False
+    """Batch-invariant kernels on both sides (rollouts and re-scoring bit-identical for row-scaled 4/6);
+    off = the model's own fast kernels."""
+    prompts_per_step: int = 16
+    """Distinct prompts per step; each is sampled group_size times."""
+    group_size: int = 8
+    """Samples per prompt (GRPO group)."""
+    task_length: int = 3
+    """Symbols to copy per prompt."""
+    alphabet: str = "0123456789"
+    """Single-character tokens of the embedded tokenizer the prompts are drawn from."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    """Nucleus sampling; < 1 biases the importance ratio (the trainer re-scores the untruncated policy)."""
+    clip_eps: float = 0.2
+    """PPO/GRPO ratio clip."""
+    kl_coef: float = 0.0
+    """> 0 adds a KL penalty to a frozen copy of the initial policy (costs one more forward per step)."""
+    seed: int = 0
+    """Seed of the prompt and sampling streams."""
+    metrics_file: str = "rl_metrics.jsonl"
+    """Per-step metrics as JSON lines, relative to job.dump_folder."""
+
+
+@dataclass
+class JobConfig(_plugin.JobConfig):
+    rl: RL = field(default_factory=RL)

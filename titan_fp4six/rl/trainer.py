@@ -1,0 +1,162 @@
+"""GRPO trainer on torchtitan's pieces: its Trainer builds the model (train spec + 4/6 converters), optimizer,
+LR schedule, checkpointer and metric loggers from the job config; `train()` runs RL steps instead of LM steps.
+
+One step: sample rollouts with the generator (inference mode, expert weights quantized once per refresh),
+score them with the task, re-score every response with the training forward (the same model, the kernels of
+the [rl] mode), log the trainer/rollout mismatch, and take one clipped-ratio GRPO update. Single device.
+"""
+
+import contextlib
+import copy
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.tools.logging import logger
+from torchtitan.train import Trainer
+
+from . import grpo
+from .experts import ExpertWeightCache, cached_experts
+from .forward import forward, kernels
+from .generator import Rollout, generate, tempered
+from .task import CopyTask, Vocabulary
+
+
+class RLTrainer(Trainer):
+    def __init__(self, job_config):
+        if getattr(job_config, "rl", None) is None:
+            raise ValueError('python -m titan_fp4six.rl needs [job] custom_config_module = "titan_fp4six.rl.job_config"')
+        super().__init__(job_config)
+        cfg = job_config.rl
+        if self.parallel_dims.world_size != 1 or len(self.model_parts) != 1:
+            raise ValueError(f"titan_fp4six.rl runs on one device; got world size {self.parallel_dims.world_size}")
+        if cfg.prompts_per_step < 1 or cfg.group_size < 2:
+            raise ValueError(f"rl.prompts_per_step={cfg.prompts_per_step} must be >= 1 and rl.group_size="
+                             f"{cfg.group_size} >= 2 (advantages are relative to a prompt's group)")
+        if cfg.clip_eps <= 0 or cfg.kl_coef < 0:
+            raise ValueError(f"rl.clip_eps={cfg.clip_eps} must be > 0 and rl.kl_coef={cfg.kl_coef} >= 0")
+        self.task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
+        self.rng = random.Random(cfg.seed)
+        self.sampler = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.expert_cache = ExpertWeightCache()
+        self.reference = None
+        self.metrics_path = Path(job_config.job.dump_folder) / cfg.metrics_file
+
+    def _amp(self):
+        """torchtitan's autocast for fast mode; the consistent kernels compute in FP32 themselves."""
+        return contextlib.nullcontext() if self.job_config.rl.consistent else self.maybe_enable_amp
+
+    def _sync(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def rollout(self, model, prompts) -> Rollout:
+        cfg = self.job_config.rl
+        counts = {n: b.clone() for n, b in model.named_buffers() if n.endswith("tokens_per_expert")}
+        ops = kernels(cfg.consistent, self.expert_cache)
+        patch = contextlib.nullcontext() if cfg.consistent else cached_experts(model, self.expert_cache)
+        with self._amp(), patch:
+            out = generate(model, prompts, max_new_tokens=self.task.max_new_tokens(), ops=ops,
+                           stop_ids=(self.task.vocab.eos,), pad_id=self.task.vocab.eos,
+                           temperature=cfg.temperature, top_p=cfg.top_p, generator=self.sampler)
+        for name, buf in model.named_buffers():  # rollouts do not count toward expert load balancing
+            if name in counts:
+                buf.copy_(counts[name])
+        return Rollout(out.tokens.clone(), out.logprobs.clone(), out.mask.clone())
+
+    def score(self, model, prompts, ro: Rollout) -> torch.Tensor:
+        """Trainer logprobs (B, max_new) of each rollout token: whole right-padded sequences, one forward."""
+        cfg = self.job_config.rl
+        seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
+        width = max(len(s) for s in seqs)
+        tokens = torch.full((len(seqs), width), self.task.vocab.eos, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tokens[i, :len(s)] = torch.tensor(s)
+        tokens = tokens.to(self.device)
+        positions = torch.arange(width, device=self.device).expand(len(seqs), -1)
+        ops = kernels(cfg.consistent)
+        with self._amp():
+            logprobs = forward(model, tokens, positions, ops)
+        steps = ro.tokens.shape[1]
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        cols = (lengths[:, None] - 1 + torch.arange(steps, device=self.device)).clamp(max=width - 1)
+        picked = tempered(logprobs[torch.arange(len(seqs), device=self.device)[:, None], cols], cfg.temperature,
+                          ops.log_softmax)
+        return picked.gather(-1, ro.tokens.to(self.device)[..., None]).squeeze(-1)
+
+    def rl_step(self) -> dict:
+        cfg = self.job_config.rl
+        model = self.model_parts[0]
+        unique = self.task.prompts(cfg.prompts_per_step, self.rng)
+        prompts = [p for p in unique for _ in range(cfg.group_size)]
+        lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+
+        start = self._sync()
+        ro = self.rollout(model, prompts)
+        generated = int(ro.mask.sum())
+        gen_time = self._sync() - start
+        rewards = torch.tensor([self.task.reward(p, ro.tokens[i][ro.mask[i]].tolist())
+                                for i, p in enumerate(prompts)])
+        advantages = grpo.group_advantages(rewards, cfg.group_size).to(self.device)
+
+        start = self._sync()
+        self.optimizers.zero_grad()
+        logprobs = self.score(model, prompts, ro)
+        metrics = grpo.mismatch(logprobs, ro.logprobs, ro.mask)
+        ref = None
+        if cfg.kl_coef > 0:
+            if self.reference is None:
+                raise RuntimeError("rl.kl_coef > 0 but no reference policy was built")
+            with torch.no_grad():
+                ref = self.score(self.reference, prompts, ro)
+        loss, stats = grpo.policy_loss(logprobs, ro.logprobs, advantages, ro.mask, cfg.clip_eps, cfg.kl_coef, ref)
+        loss.backward()
+        grad_norm = dist_utils.clip_grad_norm_([p for p in model.parameters()], self.job_config.training.max_norm,
+                                               foreach=True)
+        self.optimizers.step()
+        self.expert_cache.invalidate()
+        self.lr_schedulers.step()
+        train_time = self._sync() - start
+        trained = sum(len(p) for p in prompts) + generated
+        self.ntokens_seen += trained
+        metrics.update(stats)
+        metrics.update({"step": self.step, "loss": float(loss.detach()), "reward": float(rewards.mean()),
+                        "reward_max": float(rewards.max()), "grad_norm": float(grad_norm), "lr": lr,
+                        "response_tokens": generated, "gen_tps": generated / gen_time,
+                        "train_tps": trained / train_time, "gen_s": gen_time, "train_s": train_time,
+                        "consistent": cfg.consistent})
+        return metrics
+
+    def log_step(self, metrics: dict) -> None:
+        self.metrics_processor.logger.log({f"rl/{k}": v for k, v in metrics.items() if k != "step"}, self.step)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.metrics_processor.should_log(self.step):
+            c = self.metrics_processor.color
+            logger.info(f"{c.red}step: {self.step:2}  {c.green}reward: {metrics['reward']:.4f}  "
+                        f"{c.orange}loss: {metrics['loss']:8.5f}  grad_norm: {metrics['grad_norm']:7.4f}  "
+                        f"{c.turquoise}mismatch max: {metrics['mismatch_max']:.3e} mean: {metrics['mismatch_mean']:.3e} "
+                        f"kl: {metrics['mismatch_kl']:.3e}  {c.blue}gen tps: {round(metrics['gen_tps']):,}  "
+                        f"train tps: {round(metrics['train_tps']):,}{c.reset}")
+
+    def train(self):
+        job_config = self.job_config
+        self.checkpointer.load(step=job_config.checkpoint.load_step)
+        if job_config.rl.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model_parts[0]).requires_grad_(False)
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.step == 0 and self.metrics_path.exists():
+            os.remove(self.metrics_path)
+        logger.info(f"GRPO starts at step {self.step + 1} ({'consistent' if job_config.rl.consistent else 'fast'} "
+                    f"kernels, {job_config.rl.prompts_per_step} prompts x {job_config.rl.group_size} samples)")
+        while self.should_continue_training():
+            self.step += 1
+            self.gc_handler.run(self.step)
+            self.log_step(self.rl_step())
+            self.checkpointer.save(self.step, last_step=(self.step == job_config.training.steps))
+        logger.info("Training completed")
