@@ -4,7 +4,10 @@
 # the figures and table of docs/rl.md (scripts/rl_report.py). Run from the repository root:
 #   bash scripts/rl_runs.sh OUT_DIR
 # About 3-4 minutes on an H200 (three ~25 s start-ups; ~0.1 s a step fast, ~0.3 s a step consistent).
-set -euo pipefail
+# PARALLEL=1 starts the three runs at once (the debug model leaves most of the GPU idle; tokens/s are then
+# measured while the runs share the GPU); RUN_TIMEOUT (s) stops a run; NO_REPORT=1 skips the figures (e.g. on
+# a machine without matplotlib: run scripts/rl_report.py on the logs elsewhere).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/rl_runs.sh OUT_DIR}
 STEPS=${STEPS:-200}
@@ -17,11 +20,16 @@ run() {  # name config extra-args...
   shift 2
   echo "== $name: $config $*"
   local start=$SECONDS
-  "$PY" -m titan_fp4six.rl --job.config_file "$config" --job.dump_folder "$OUT/$name" \
-    --training.steps "$STEPS" --metrics.log_freq 10 --metrics.disable_color_printing "$@" 2>&1 | tee "$OUT/$name.log"
-  echo "{\"wall_s\": $((SECONDS - start))}" > "$OUT/$name/wall.json"
+  timeout "${RUN_TIMEOUT:-900}" "$PY" -m titan_fp4six.rl --job.config_file "$config" --job.dump_folder "$OUT/$name" \
+    --training.steps "$STEPS" --metrics.log_freq 10 --metrics.disable_color_printing "$@" > "$OUT/$name.log" 2>&1
+  echo "$name exit $? after $((SECONDS - start)) s"
+  mkdir -p "$OUT/$name" && echo "{\"wall_s\": $((SECONDS - start))}" > "$OUT/$name/wall.json"
 }
-run nvfp4_consistent "$NVFP4" --rl.consistent
-run nvfp4_fast "$NVFP4"
-run bf16_fast "$BF16"
-"$PY" scripts/rl_report.py "$OUT"
+if [ "${PARALLEL:-0}" = 1 ]; then
+  run nvfp4_consistent "$NVFP4" --rl.consistent & run nvfp4_fast "$NVFP4" & run bf16_fast "$BF16" & wait
+else
+  run nvfp4_consistent "$NVFP4" --rl.consistent
+  run nvfp4_fast "$NVFP4"
+  run bf16_fast "$BF16"
+fi
+[ "${NO_REPORT:-0}" = 1 ] || "$PY" scripts/rl_report.py "$OUT"
