@@ -137,12 +137,13 @@ def test_map6_only_kernels_match_reference(dtype):
     x[5, 7] = float("nan")
     x[9, 100] = float("inf")
     x = x.cuda()
+    differs = []  # where the choice matters on this data (not everywhere: 16x16 with mae keeps map-to-6 here)
     for block, err_mode, bound in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448)):
         rows = 192 if block == "16x16" else 200
         xb = x[:rows]
         amax = xb.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()  # finite: NaN/Inf stay local
         want = reference.four_over_six_reference(xb, amax, block, err_mode, bound, choose=False)
-        assert not torch.equal(want[0], reference.four_over_six_reference(xb, amax, block, err_mode, bound)[0])
+        differs.append(not torch.equal(want[0], reference.four_over_six_reference(xb, amax, block, err_mode, bound)[0]))
         for decode in (False, True):
             got = run_four_over_six(xb, amax, block, err_mode, bound, "triton", decode, choose=False)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
@@ -151,6 +152,7 @@ def test_map6_only_kernels_match_reference(dtype):
                 ref_dec = reference.decode_block_scaled_reference(want[0], want[1])
                 assert torch.equal(got[3].isnan(), ref_dec.isnan())
                 assert torch.equal(got[3].nan_to_num(), ref_dec.nan_to_num())
+    assert sum(differs) >= 6, differs
     amax = x.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()
     padded = torch.nn.functional.pad(x, (0, 0, 0, 8)).t().contiguous()
     want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
