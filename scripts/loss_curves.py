@@ -113,6 +113,8 @@ def main(argv=None) -> None:
     json_path = args.out / f"{args.name}_loss.json"
     if args.plot_only:
         results = json.loads(json_path.read_text())
+        for result in results.values():  # JSON keys are strings; the steps are ints (sorted, tabled as ints)
+            result["loss"] = {int(k): v for k, v in result["loss"].items()}
     else:
         if len(args.run) < 2:
             p.error("give at least two --run (the first is the baseline)")
