@@ -11,9 +11,8 @@ The first --run is the baseline every gap is taken against. Each run is `python 
 every run sees the same batches in the same order. --parallel starts all runs at once (small debug models
 leave most of a GPU idle; the losses do not depend on it, the tps printed do).
 
-Plain NVFP4: no knob setting of the four-over-six recipes turns the candidate choice off (scale_bound=448
-with 1x16 weights is the closest, and it still stores map-to-4 in a large share of blocks), so a plain-NVFP4
-curve is not produced here; a run labelled with those knobs is that knob setting and nothing else.
+Plain NVFP4: the recipes' `scope = "none"` with `scale_bound = 448` (configs/*_nvfp4*.toml without
+four_over_six in the name); scripts/loss_curves_h200.sh runs bf16 / NVFP4 / 4/6 for both debug models.
 """
 
 import json
