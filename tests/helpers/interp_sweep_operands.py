@@ -74,11 +74,43 @@ def decode(gen):
                     kd, codes, scales, amax, bound, dtype)
 
 
+def map6_only(gen):
+    """Map-to-6 only (an operand outside the recipe's scope): row-major 1x16 / 16x16 with and without the decode,
+    and columnwise, every kind in rotation, against the reference with choose=False."""
+    from titan_fp4six.numerics import reference
+
+    knobs = (("1x16", "mse", 256), ("16x16", "mae", 448), ("16x16", "mse", 256), ("1x16", "mae", 448))
+    for index, kind in enumerate(COLUMN_KINDS):
+        block, err_mode, bound = knobs[index % len(knobs)]
+        x, amax = _data(kind, 16, 64, bound, gen)
+        x = x.to(DTYPES[index % 3])
+        amax = (tensor_amax(x) if amax is None else amax).float()
+        want = reference.four_over_six_reference(x, amax, block, err_mode, bound, choose=False)
+        dec, codes, scales, map4 = kq.four_over_six_quantize_decode(x, amax, block, err_mode, bound, choose=False)
+        plain = kq.four_over_six_quantize(x, amax, block, err_mode, bound, choose=False)
+        bad = [name for name, got, ref in (("codes", codes, want[0]), ("plain codes", plain[0], want[0]),
+                                           ("scales", scales.view(torch.uint8), want[1].view(torch.uint8)),
+                                           ("plain scales", plain[1].view(torch.uint8), want[1].view(torch.uint8)))
+               if not torch.equal(got, ref)]
+        if map4.any() or plain[2].any():
+            bad.append("map4")
+        ref_dec = reference.decode_block_scaled_reference(want[0], want[1])
+        if not torch.equal(dec.isnan(), ref_dec.isnan()) or not torch.equal(dec.nan_to_num(), ref_dec.nan_to_num()):
+            bad.append("decode")
+        yield f"map6_only/{block}/{kind}/{x.dtype}/{err_mode}/{bound}", bad
+        if block == "1x16" and amax.dim() == 0:
+            xt = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
+            want = reference.four_over_six_reference(xt, amax, "1x16", err_mode, bound, choose=False)
+            _, codes, scales, map4 = kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, choose=False)
+            ok = torch.equal(codes, want[0]) and torch.equal(scales.view(torch.uint8), want[1].view(torch.uint8))
+            yield f"map6_only/columnwise/{kind}/{x.dtype}/{err_mode}/{bound}", [] if ok and not map4.any() else ["cw"]
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     configs = mismatches = 0
     start = time.time()
-    sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode}
+    sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1
