@@ -1,4 +1,4 @@
-"""Run by test_kernels_interp_operands in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
+"""Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
 quantize-decode, columnwise quantization, decode) against the reference compositions on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [nvfp4_decode] [columnwise] [decode]  (all: none)
