@@ -46,6 +46,8 @@ EXPECTED = {
         {**{n: NVFP4_ALL_LINEARS.resolve(grouped=True) for n in _experts(range(1, 6))},
          **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
     "qwen3_moe_debug_nvfp4.toml": {n: replace(RL_BASE, scale_bound=448, scope="none") for n in _experts(range(8))},
+    "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
+    "rl_grpo_qwen3_moe_debug_bf16.toml": {},
     "deepseek_v3_debugmodel_bf16.toml": {},
     "qwen3_moe_debug_bf16.toml": {},
 }

@@ -57,7 +57,6 @@ def _check_amax_covers(amax: torch.Tensor, x: torch.Tensor) -> None:
         raise ValueError(_SMALL_AMAX_MSG)
 
 
-
 def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose=True) -> bool:
     """Check the arguments (amax against the data too, unless validate_amax is False); returns whether
     torch.compile is tracing (then the values cannot be read)."""
