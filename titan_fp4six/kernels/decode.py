@@ -1,7 +1,7 @@
 """Triton decode of NVFP4 codes and E4M3 block scales: one read of codes and scales, one write of the values.
 
-Bitwise equal to numerics.quantize.decode_block_scaled (e2m1 value * f32(scale), exact in bf16) and to
-numerics.quantize.nvfp4_dequantize (value = e2m1 value * ((f32(scale) * amax) * fl(1/(6B))) in FP32, then
+Bitwise equal to reference.decode_block_scaled_reference (e2m1 value * f32(scale), exact in bf16) and to
+reference.dequantize_reference (value = e2m1 value * ((f32(scale) * amax) * fl(1/(6B))) in FP32, then
 cast to the output dtype with round-to-nearest-even): the same FP32 operations in the same order, one at a
 time (no FMA contraction). Launchers take validated, contiguous CUDA tensors (or run under the interpreter).
 """
@@ -98,12 +98,12 @@ def eligible(codes: torch.Tensor, scales: torch.Tensor) -> bool:
 
 def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """bf16 (R, C) e2m1 value * f32(block scale) of codes uint8 (R, C/2) and scales float8_e4m3fn (R, C/16);
-    bitwise equal to numerics.quantize.decode_block_scaled (exact: at most 6 significant bits)."""
+    bitwise equal to reference.decode_block_scaled_reference (exact: at most 6 significant bits)."""
     return _decode(codes, scales, None, 256, torch.bfloat16)
 
 
 def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(R, C) values e2m1 * ((f32(sf) * amax) * fl(1/(6B))) in dtype (bf16, fp16 or fp32), amax FP32 of shape ()
-    or (R,); bitwise equal to numerics.quantize.nvfp4_dequantize."""
+    or (R,); bitwise equal to reference.dequantize_reference."""
     return _decode(codes, scales, amax, scale_bound, dtype)

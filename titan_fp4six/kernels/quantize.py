@@ -7,7 +7,7 @@ four-over-six choice from a cheap error estimate with a proven bound (the commen
 of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), is redone after the
 chunk loop with the spec's arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted
 FMA); every division is tl.math.div_rn except two the fast path replaces by exact FMA sequences (bits.div6,
-_newton_inverse_scale). Launchers take validated arguments; numerics.quantize dispatches here.
+_newton_inverse_scale). Launchers take validated arguments; titan_fp4six.dispatch decides when they run.
 docs/kernels.md has the design, the validation and the H200 speed.
 """
 import functools
@@ -744,7 +744,7 @@ def nvfp4_quantize(x, amax):
 
 def nvfp4_quantize_decode(x, amax):
     """(bf16 block-scaled decode, codes, scales) of standard NVFP4 from one read of x; bitwise equal to
-    reference.nvfp4_reference and numerics.quantize.decode_block_scaled of its output."""
+    reference.nvfp4_reference and reference.decode_block_scaled_reference of its output."""
     codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
                                     decode=True)
     return dec, codes, scales
