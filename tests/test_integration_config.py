@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import torch
 from torchtitan.config import JobConfig as TorchtitanJobConfig
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.protocols.model_converter import build_model_converters
@@ -98,6 +99,10 @@ def test_fqn_matching_is_by_dotted_parts():
     (["--parallelism.expert_parallel_comm_backend", "deepep"], GMM, "expert_parallel_comm_backend=\"deepep\""),
     ([], f"{GMM},quantize.linear.float8", r"mixes \[.quantize.linear.float8.\]"),
     (["--parallelism.tensor_parallel_degree", "2"], LIN, "tensor_parallel_degree=2"),
+    pytest.param(["--quantize.linear.four_over_six.quantizer", "triton"], LIN, rf"{LIN}.quantizer='triton' needs a "
+                 "CUDA device", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine")),
+    pytest.param(["--quantize.grouped_mm.four_over_six.gemm", "fp4"], GMM, rf"{GMM}.gemm='fp4' needs a Blackwell GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine (maybe a Blackwell)")),
     (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
     (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
       "--parallelism.expert_tensor_parallel_degree", "2"], GMM, "expert_tensor_parallel_degree = 1"),

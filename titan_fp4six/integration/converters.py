@@ -5,9 +5,10 @@ live, with errors naming the TOML keys) and calls `convert(model)` on the meta-d
 parallelism, compile or FSDP. Converting swaps modules for stateless subclasses: the state_dict is unchanged.
 """
 
+import torch
 from torch import nn
-from torchtitan.models.moe.moe import GroupedExperts
 from torchtitan.components.quantization import QuantizationConverter
+from torchtitan.models.moe.moe import GroupedExperts
 from torchtitan.models.moe.utils import set_token_group_alignment_size_m
 from torchtitan.protocols.model_converter import _registry_model_converter_cls, register_model_converter
 from torchtitan.tools.logging import logger
@@ -15,6 +16,7 @@ from torchtitan.tools.logging import logger
 from ..modules.experts import convert_experts
 from ..modules.linear import FourOverSixLinear
 from ..numerics.formats import BLOCK_SIZE as BLOCK
+from ..ops import blackwell
 from . import metrics
 
 FAMILY = "four_over_six"
@@ -95,7 +97,22 @@ def validate_job_config(job_config, kind: str):
                              f"expert_tensor_parallel_degree={par.expert_tensor_parallel_degree}): experts must "
                              "hold whole weights per rank; use expert_parallel_degree > 1 with "
                              "expert_tensor_parallel_degree = 1")
-    return cfg, cfg.recipe()
+    recipe = cfg.recipe()
+    check_implementations(recipe, section)
+    return cfg, recipe
+
+
+def check_implementations(recipe, section: str) -> None:
+    """The knobs that demand an implementation (quantizer='triton', gemm='fp4') fail on this rank's hardware
+    before the model is built, not at the first forward."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    if recipe.quantizer == "triton" and device is None:
+        raise ValueError(f"{section}.quantizer='triton' needs a CUDA device and this rank has none; use 'auto' "
+                         "(Triton on CUDA, the reference elsewhere) or 'reference'")
+    if recipe.gemm == "fp4" and (device is None or not blackwell.available(device)):
+        raise ValueError(f"{section}.gemm='fp4' needs a Blackwell GPU (compute capability 10.x) and this rank has "
+                         f"{'none' if device is None else torch.cuda.get_device_name(device)}; use 'auto' or "
+                         "'emulated'")
 
 
 def check_converter_names(job_config) -> None:
