@@ -109,10 +109,11 @@ def check_implementations(recipe, section: str) -> None:
     if recipe.quantizer == "triton" and device is None:
         raise ValueError(f"{section}.quantizer='triton' needs a CUDA device and this rank has none; use 'auto' "
                          "(Triton on CUDA, the reference elsewhere) or 'reference'")
-    if recipe.gemm == "fp4" and (device is None or not blackwell.available(device)):
-        raise ValueError(f"{section}.gemm='fp4' needs a Blackwell GPU (compute capability 10.x) and this rank has "
-                         f"{'none' if device is None else torch.cuda.get_device_name(device)}; use 'auto' or "
-                         "'emulated'")
+    if recipe.gemm == "fp4":
+        try:
+            blackwell.require(device or torch.device("cpu"))  # the ops' own check, with the TOML key named
+        except ValueError as e:
+            raise ValueError(f"{section}.{e}") from e
 
 
 def check_converter_names(job_config) -> None:
