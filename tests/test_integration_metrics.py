@@ -115,3 +115,17 @@ def test_compute_dtype_follows_torchtitan(fsdp, tp, dtype, expected):
     job = job_config("--training.dtype", dtype)
     dims = SimpleNamespace(fsdp_enabled=fsdp, tp_enabled=tp, pp_enabled=False)
     assert metrics.compute_dtype(job, dims) == expected
+
+
+def test_map4_counting_runs_only_on_steps_that_log(monkeypatch):
+    """should_log(step), asked by torchtitan at the end of every step, switches the counting on for step + 1
+    exactly when step + 1 will be logged (step 1 and multiples of log_freq)."""
+    metrics.install()
+    p = _processor("NVIDIA H200", 989e12, 1000)
+    p.job_config = SimpleNamespace(metrics=SimpleNamespace(log_freq=5))
+    monkeypatch.setattr(MAP4_STATS, "enabled", True)
+    counted = []
+    for step in range(1, 12):
+        counted.append(MAP4_STATS.enabled)  # what the ops of this step see
+        assert p.should_log(step) == (step == 1 or step % 5 == 0)
+    assert counted == [step == 1 or step % 5 == 0 for step in range(1, 12)]

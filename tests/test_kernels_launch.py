@@ -1,7 +1,9 @@
-"""How the quantizer kernels split a tensor into programs (pure Python, no GPU): every program runs whole
-chunks of its row group, as many as 8 while enough programs remain to fill a GPU."""
+"""How the kernels are launched: how the quantizer splits a tensor into programs (pure Python: every program
+runs whole chunks of its row group, as many as 8 while enough programs remain to fill a GPU), and the direct
+launches through the compiled launcher (GPU)."""
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -20,3 +22,34 @@ def test_chunks_per_program_divide_the_row_and_fill_the_gpu():
             chunks = _chunks_per_program(chunk_cols, row_groups, 8)
             assert 1 <= chunks <= 8 and chunk_cols % chunks == 0
             assert chunks == 1 or row_groups * (chunk_cols // chunks) >= MIN_PROGRAMS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fast_launch_keys_every_specialization_and_matches_triton_cuda():
+    """FastLaunch's direct launches give what Triton's own launch gives, across the arguments Triton specializes
+    on: dtype, 16-byte alignment (a view one element in), integers 1, multiples of 16 and others, constexprs."""
+    import triton
+    import triton.language as tl
+
+    from titan_fp4six.kernels.launch import FastLaunch
+
+    @triton.jit
+    def _axpb(x_ptr, out_ptr, n, b, SCALE: tl.constexpr):
+        offs = tl.program_id(0) * 128 + tl.arange(0, 128)
+        x = tl.load(x_ptr + offs, mask=offs < n)
+        tl.store(out_ptr + offs, x * SCALE + b, mask=offs < n)
+
+    launch = FastLaunch(_axpb)
+    base = torch.arange(1, 302, device="cuda", dtype=torch.float32)
+    cases = [(base[:n].to(dtype), n, b, scale) for dtype in (torch.float32, torch.bfloat16) for n in (1, 16, 300)
+             for b in (1, 5) for scale in (2.0, 3.0)]
+    cases += [(base[1:1 + n], n, 5, 2.0) for n in (16, 300)]  # unaligned views
+    for _ in range(2):  # the second round runs every case through the compiled launcher
+        for x, n, b, scale in cases:
+            out, want = torch.full_like(x, -1.0), torch.full_like(x, -1.0)
+            launch((triton.cdiv(n, 128), ), x, out, n, b, scale)
+            _axpb[(triton.cdiv(n, 128), )](x, want, n, b, scale)
+            assert torch.equal(out, want), (x.dtype, n, b, scale, x.data_ptr() % 16)
+            assert torch.allclose(out.float(), x.float() * scale + b, rtol=1e-2), (x.dtype, n, b, scale)
+    assert len(launch._compiled) > 8  # distinct specializations were kept apart

@@ -1,5 +1,5 @@
 """GPU sweep of the operand kernels: fused NVFP4 quantize-decode, columnwise (x^T read in place) 4/6 and NVFP4
-quantization with and without the decode, and the decode kernels, bitwise against the reference compositions
+quantization with and without the decode, the decode kernels and the GEMM epilogue, bitwise against the reference compositions
 they replace, run on the same GPU (tests/operand_cases.py), over realistic and ragged shapes, every dtype and
 knob, and adversarial data."""
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
-from tests.helpers.operand_cases import column_case, compare_columnwise, compare_decode, compare_nvfp4_decode, decode_case
+from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,
+                                         compare_nvfp4_decode, decode_case, epilogue_cases)
 from titan_fp4six import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -158,3 +159,13 @@ def test_map6_only_kernels_match_reference(dtype):
     want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
     got = run_four_over_six_columnwise(x, amax, "mse", 256, "triton", False, choose=False)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+
+
+def test_epilogue_sweep():
+    """The GEMM epilogue kernel (global factors x product -> output dtype), dense and grouped, edge values, ragged
+    and realistic shapes (several programs per row and column), bitwise against the reference on this GPU."""
+    from titan_fp4six.kernels import epilogue as ke
+    gen = torch.Generator().manual_seed(9)
+    bad = [f"{label}: {diff}" for label, kind, args in epilogue_cases(gen, "cuda", ((37, 300), (1, 16), (4096, 2560)))
+           if (diff := compare_epilogue(ke, kind, args))]
+    assert not bad, "\n".join(bad[:20])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
+from titan_fp4six.numerics.reference import global_decode_factor
 from titan_fp4six.ops import blackwell
 from titan_fp4six.ops.gemm import EMULATE_ENV, fp4_gemms
 from titan_fp4six.ops.operands import Operand
@@ -218,8 +219,9 @@ def test_dense_row_scaled_equals_rounding_oracle(on_blackwell):
     a, b = _exact_operand(40, 64, 2), _exact_operand(24, 64, 3)
     amax = torch.rand(40, generator=torch.Generator().manual_seed(4)) * 10
     const, _ = row_split(amax, 256)
-    b_factor = torch.tensor(0.0123)
-    out = gemm_nt(a, amax * const, b, b_factor, torch.bfloat16, "auto", row_split(amax, 256))
+    b_amax = torch.tensor(18.9)
+    b_factor = global_decode_factor(b_amax, 256)
+    out = gemm_nt(a, amax, 256, b, b_amax, 256, torch.bfloat16, FourOverSixRecipe())
     b_dec = _decode(b.codes, b.scales)
     expected = _row_oracle(a, lambda r: b_dec, const, lambda r: b_factor, amax, 40)
     assert torch.equal(out, expected)
@@ -235,9 +237,11 @@ def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
     a, w = _exact_operand(rows, 64, 5), _exact_operand(experts * n, 64, 6)
     group_of_row = group_index(offs, rows)
     amax = torch.where(group_of_row < experts, torch.rand(rows, generator=torch.Generator().manual_seed(7)) * 5, 0.0)
-    w_factor = torch.rand(experts, generator=torch.Generator().manual_seed(8)) * 0.01
+    w_amax = torch.rand(experts, generator=torch.Generator().manual_seed(8)) * 20
+    w_factor = global_decode_factor(w_amax, 448)
     split = row_split(amax, 448)
-    out = grouped_gemm_nt(a, amax * split[0], None, w, w_factor, offs, group_of_row, torch.bfloat16, "auto", split)
+    out = grouped_gemm_nt(a, amax, False, w, w_amax, offs, group_of_row, torch.bfloat16,
+                          FourOverSixRecipe(scale_bound=448))
     w_dec = _decode(w.codes, w.scales).view(experts, n, 64)
     g = group_of_row.clamp(max=experts - 1)
     expected = _row_oracle(a, lambda r: w_dec[g[r]], split[0], lambda r: w_factor[g[r]], amax, rows)

@@ -13,9 +13,19 @@ def test_accumulates_on_device_and_resets():
     stats.add(torch.tensor([[True, False], [True, True]]))
     stats.add(torch.tensor([[False, False, True]]), valid_rows=torch.tensor([True]))
     stats.add(torch.tensor([[True, True]]), valid_rows=torch.tensor([False]))
-    assert isinstance(stats._counts[torch.device("cpu")][0], torch.Tensor)
+    assert all(isinstance(h, torch.Tensor) for h in stats._counts[torch.device("cpu")].hits)
     assert stats.read_and_reset() == 4 / 7
     assert stats.read_and_reset() is None
+
+
+def test_pending_counts_fold_without_a_read():
+    stats = Map4Stats()
+    for _ in range(1000):
+        stats.add(torch.tensor([[True, False, False]]))
+        stats.add(torch.tensor([[True, True], [True, True]]), valid_rows=torch.tensor([True, False]))
+    counts = stats._counts[torch.device("cpu")]
+    assert len(counts.hits) < 64 and len(counts.device_totals) < 64
+    assert stats.read_and_reset() == 3000 / 5000
 
 
 def test_dense_forward_feeds_activation_and_weight_blocks():

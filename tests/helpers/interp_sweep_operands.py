@@ -1,7 +1,7 @@
 """Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
-quantize-decode, columnwise quantization, decode) against the reference compositions on the CPU.
+quantize-decode, columnwise quantization, decode, GEMM epilogue) against the reference compositions on the CPU.
 
-    TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [nvfp4_decode] [columnwise] [decode]  (all: none)
+    TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [nvfp4_decode] [columnwise] [decode] [map6_only] [epilogue]  (all: none)
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -17,8 +17,8 @@ import torch
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import _data, near_tie_case  # noqa: E402
-from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_nvfp4_decode,  # noqa: E402
-                           decode_case)
+from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
+                                         compare_nvfp4_decode, decode_case, epilogue_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.dispatch import tensor_amax  # noqa: E402
@@ -106,11 +106,20 @@ def map6_only(gen):
             yield f"map6_only/columnwise/{kind}/{x.dtype}/{err_mode}/{bound}", [] if ok and not map4.any() else ["cw"]
 
 
+def epilogue(gen):
+    """The GEMM epilogue kernel (factors x product -> output dtype), dense and grouped, on edge values."""
+    from titan_fp4six.kernels import epilogue as ke
+
+    for label, kind, args in epilogue_cases(gen, "cpu", sizes=((5, 40), (16, 16))):
+        yield f"epilogue/{label}", compare_epilogue(ke, kind, args)
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     configs = mismatches = 0
     start = time.time()
-    sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only}
+    sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only,
+                "epilogue": epilogue}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1

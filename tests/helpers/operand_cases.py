@@ -101,3 +101,40 @@ def decode_case(rows, cols, gen, edge: bool):
     idx = torch.arange(0, rows, 6)
     amax_rows[idx] = special[torch.arange(idx.numel()) % special.numel()]
     return codes, scales.view(torch.float8_e4m3fn), amax_rows
+
+
+def epilogue_cases(gen, device, sizes=((37, 300), (16, 16))):
+    """(label, dense or grouped, args) of the GEMM epilogue: products with NaN, +-Inf, +-0 and values that
+    round across bf16 / fp16 boundaries and overflow; amaxes per tensor, row or group including 0, NaN and Inf;
+    grouped rows past offs[-1] holding NaN garbage."""
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 65504.0, 3.4e38, 1e-40])
+    for (m, n), out_dtype, bound in zip(sizes * 3, (torch.bfloat16, torch.float16, torch.float32) * 2, (256, 448) * 3):
+        acc = torch.randn(m, n, generator=gen) * 2.0 ** torch.randint(-20, 20, (m, n), generator=gen)
+        acc.view(-1)[:special.numel()] = special
+        row_amax = torch.rand(m, generator=gen) * 1e3
+        row_amax[:3] = torch.tensor([0.0, float("nan"), float("inf")])[:m]
+        for a_amax in (row_amax, torch.tensor(7.25), torch.tensor(0.0)):
+            for b_amax in (torch.tensor(3.5e2), torch.tensor(float("inf"))):
+                yield (f"dense/{m}x{n}/{out_dtype}/{bound}/a{tuple(a_amax.shape)}/b{b_amax.item()}", "dense",
+                       (acc.to(device), a_amax.to(device), bound, b_amax.to(device), 448 if bound == 256 else 256,
+                        out_dtype))
+        experts = 4
+        offs = torch.tensor([0, m // 3, m // 3, m - 2], dtype=torch.int32)  # an empty group, two tail rows
+        group_of_row = torch.searchsorted(offs, torch.arange(m, dtype=torch.int32), right=True)
+        prod = acc.to(torch.bfloat16)
+        prod[m - 2:] = float("nan")
+        w_amax = torch.tensor([5.0, 0.0, float("nan"), 1.5e3])
+        for a_amax, per_group in ((row_amax, False), (torch.tensor([2.0, 9.0, 0.0, 11.0]), True)):
+            yield (f"grouped/{m}x{n}/{out_dtype}/{bound}/per_group={per_group}", "grouped",
+                   (prod.to(device), a_amax.to(device), per_group, w_amax.to(device), group_of_row.to(device), bound,
+                    out_dtype))
+        assert experts == w_amax.numel()
+
+
+def compare_epilogue(ke, kind, args):
+    """The epilogue kernel against scale_cast_reference / grouped_scale_cast_reference."""
+    if kind == "dense":
+        got, want = ke.scale_cast(*args), reference.scale_cast_reference(*args)
+    else:
+        got, want = ke.grouped_scale_cast(*args), reference.grouped_scale_cast_reference(*args)
+    return _diffs(kind, {"out": got}, {"out": want})

@@ -37,6 +37,8 @@ def _kernel_module(name: str):
             from ..kernels import quantize as module
         elif name == "decode":
             from ..kernels import decode as module
+        elif name == "epilogue":
+            from ..kernels import epilogue as module
         else:
             from ..kernels import amax as module
     except ImportError as exc:
@@ -45,7 +47,7 @@ def _kernel_module(name: str):
 
 
 def kernels_for(x: torch.Tensor, quantizer: str, name: str, *more: torch.Tensor, check: str = "eligible"):
-    """The kernels module `name` ("quantize", "amax", "decode") to run on x (and `more` inputs), or None for
+    """The kernels module `name` ("quantize", "amax", "decode", "epilogue") to run on x (and `more` inputs), or None for
     the reference. `check` names the module's predicate that must accept the inputs.
 
     Never called while torch.compile traces: the public entry points are custom ops there (library.py).

@@ -9,8 +9,11 @@ Hook: torchtitan gives converters no handle on its MetricsProcessor, and the pro
 `torchtitan.train` (or a copy of it run as `__main__`), so a wrapper is installed once on
 `MetricsProcessor.log` when a four-over-six converter is built. Before calling the original it sets
 `gpu_peak_flops` to the matching peak (logged once, saying which peak it is), adds the map-to-4 fraction
-since the last log to `extra_metrics` (so tensorboard/wandb get it) and, through a logging filter held for
-that call only, appends `four_over_six map4: <fraction>` to torchtitan's console step line.
+to `extra_metrics` (so tensorboard/wandb get it) and, through a logging filter held for that call only,
+appends `four_over_six map4: <fraction>` to torchtitan's console step line. A second wrapper on
+`MetricsProcessor.should_log` (which torchtitan calls at the end of every step) turns the map-to-4 counting on
+for the steps that will be logged only, so the fraction is that of the logged step's forward quantizations
+and the other steps pay nothing for it.
 """
 
 import functools
@@ -141,3 +144,13 @@ def install() -> None:
 
     log._four_over_six = True
     MetricsProcessor.log = log
+    original_should_log = MetricsProcessor.should_log
+
+    @functools.wraps(original_should_log)
+    def should_log(self, step):
+        # torchtitan asks at the end of every step: count map-to-4 blocks only during the steps that will be logged
+        # (the counting costs a reduction launch per quantized operand; the steps in between need none)
+        MAP4_STATS.enabled = original_should_log(self, step + 1)
+        return original_should_log(self, step)
+
+    MetricsProcessor.should_log = should_log

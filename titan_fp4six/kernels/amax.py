@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import FastLaunch
+
 TENSOR_BLOCK = 8192
 ROW_BLOCK_ROWS = 16
 ROW_BLOCK_COLS = 256
@@ -38,6 +40,10 @@ def _row_amax_kernel(x_ptr, out_ptr, R, C, stride, BR: tl.constexpr, BC: tl.cons
     tl.store(out_ptr + rows, acc, mask=rows < R)
 
 
+_TENSOR_AMAX = FastLaunch(_tensor_amax_kernel)
+_ROW_AMAX = FastLaunch(_row_amax_kernel)
+
+
 def eligible(x: torch.Tensor) -> bool:
     """CUDA floating tensors the kernels take: contiguous (tensor amax) or 2-D with unit column stride (rows)."""
     return x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -48,7 +54,7 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     out = torch.zeros((), dtype=torch.int32, device=x.device)
     n = x.numel()
     if n:
-        _tensor_amax_kernel[(triton.cdiv(n, TENSOR_BLOCK), )](x.reshape(-1), out, n, BLOCK=TENSOR_BLOCK, num_warps=8)
+        _TENSOR_AMAX((triton.cdiv(n, TENSOR_BLOCK), ), x.reshape(-1), out, n, TENSOR_BLOCK, num_warps=8)
     return out.view(torch.float32)
 
 
@@ -57,6 +63,6 @@ def row_amax(x: torch.Tensor) -> torch.Tensor:
     rows, cols = x.shape
     out = torch.zeros(rows, dtype=torch.int32, device=x.device)
     if rows and cols:
-        _row_amax_kernel[(triton.cdiv(rows, ROW_BLOCK_ROWS), )](x, out, rows, cols, x.stride(0), BR=ROW_BLOCK_ROWS,
-                                                                BC=ROW_BLOCK_COLS, num_warps=4)
+        _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
+                  num_warps=4)
     return out.view(torch.float32)

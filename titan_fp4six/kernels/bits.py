@@ -8,6 +8,9 @@ fp8e4m3fn_from_fp32_value): same rounding, same NaN and signed-zero handling. Si
 operations, never with `-v` (Triton lowers that to 0 - v, which loses -0.0). Clamps keep NaN like torch.clamp.
 """
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -17,6 +20,12 @@ NAN_CODE = tl.constexpr(_NAN_CODE)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
 ONE_SIXTH = tl.constexpr(0.1666666716337204)  # fl(1/6)
+
+
+@functools.cache
+def f32_reciprocal(value: float) -> float:
+    """fl(1 / value) in FP32, as a Python float (exact: an FP32 value): the constexpr the kernels multiply by."""
+    return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
 
 
 @triton.jit

@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import SIGN_BIT, e2m1_value
+from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
+from .launch import FastLaunch
 
 # A program decodes 8 rows x 32 blocks (4096 values), two blocks per thread: 8-byte code loads, 32-byte stores.
 BLOCK_ROWS = 8
@@ -18,7 +19,7 @@ BLOCK_BLOCKS = 32
 WARPS = 4
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the reference multiplies and rounds one operation at a time
-_OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 TWO_TO_120 = tl.constexpr(2.0 ** 120)
 
 
@@ -33,7 +34,7 @@ def e4m3_value(byte):
 
 
 @triton.jit
-def _bf16_rne(v):
+def bf16_rne(v):
     """FP32 -> bf16 rounded to nearest even, as PyTorch's .to(torch.bfloat16), in integer operations (Triton's
     interpreter truncates instead): add 0x7FFF plus the kept part's lowest bit, keep the high half. Infinities
     stay, overflow rounds to infinity, NaN stays NaN (quiet)."""
@@ -63,16 +64,14 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, out_ptr, R, NBLK, amax_strid
     high = e2m1_value(codes >> 4) * scale
     values = tl.reshape(tl.join(low, high), [BR, NB, 16])
     if OUT == 0:
-        values = _bf16_rne(values)
+        values = bf16_rne(values)
     elif OUT == 1:
         values = values.to(tl.float16)
     out = (rows64 * (NBLK * 16) + blks * 16)[:, :, None] + tl.arange(0, 16)[None, None, :]
     tl.store(out_ptr + out, values, mask=ok[:, :, None])
 
 
-def _f32_reciprocal(value: float) -> float:
-    """fl(1 / value) in FP32, as a Python float."""
-    return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
+_DECODE = FastLaunch(_decode_kernel)
 
 
 def _decode(codes, scales, amax, scale_bound, dtype):
@@ -84,10 +83,9 @@ def _decode(codes, scales, amax, scale_bound, dtype):
         raise ValueError(f"codes of shape {tuple(codes.shape)} need {grid[1]} programs along a row; the grid takes "
                          f"at most {MAX_GRID_Y}")
     if rows and nblk:
-        _decode_kernel[grid](codes, scales.view(torch.uint8), scales if amax is None else amax, out, rows, nblk,
-                             0 if amax is None else amax.dim(), GLOBAL=amax is not None,
-                             R6B=_f32_reciprocal(6.0 * scale_bound), OUT=_OUT_KIND[dtype], BR=BLOCK_ROWS,
-                             NB=BLOCK_BLOCKS, num_warps=WARPS, **COMPILE_OPTIONS)
+        _DECODE(grid, codes, scales.view(torch.uint8), scales if amax is None else amax, out, rows, nblk,
+                0 if amax is None else amax.dim(), amax is not None, f32_reciprocal(6.0 * scale_bound),
+                OUT_KIND[dtype], BLOCK_ROWS, BLOCK_BLOCKS, num_warps=WARPS, **COMPILE_OPTIONS)
     return out
 
 

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
-                   e4m3_byte, e4m3_round, nan_max, tree_sum16)
+                   e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
 from .decode import e4m3_value
+from .launch import FastLaunch
 
 
 class Launch(NamedTuple):
@@ -664,12 +665,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                                  pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
 
 
+_QUANTIZE = FastLaunch(_quantize_kernel)
+
+
 @functools.cache
-def _f32_reciprocal(value: float) -> float:
-    """fl(1 / value) in FP32, as a Python float (a constexpr the kernel multiplies by)."""
-    return (torch.tensor(1.0) / torch.tensor(value, dtype=torch.float32)).item()
-
-
 def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
     """Chunks each program runs: the most, up to `most`, that split a row group's chunks evenly (no program
     runs past the row's end) and still leave MIN_PROGRAMS programs to fill the GPU; 1 if none does."""
@@ -702,15 +701,13 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
         raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
                          f"kernel's grid takes at most {MAX_GRID_Y}: split x")
     if rows and nblk:
-        _quantize_kernel[(row_groups, chunk_cols // chunks)](
-            words, amax, codes.view(torch.int32), scales, scales if map4 is None else map4.view(torch.uint8),
-            scales if dec is None else dec.view(torch.int32), rows, nblk, words.stride(0), amax.dim(), chunks,
-            x.shape[0], KIND=_INPUT_KIND[x.dtype], FOUR_SIX=four_six, TILE16=block == "16x16",
-            MSE=err_mode == "mse", SIX_B=6.0 * scale_bound, R6B=_f32_reciprocal(6.0 * scale_bound), WRITE_DEC=decode,
-            VEC=not transposed and x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, PTX=x.is_cuda,
-            SCALAR_AMAX=four_six and block == "16x16" and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
-            TRANSPOSED=transposed, MAP6_ONLY=not choose, num_warps=launch.warps, maxnreg=launch.max_registers,
-            **COMPILE_OPTIONS)
+        _QUANTIZE((row_groups, chunk_cols // chunks), words, amax, codes.view(torch.int32), scales,
+                  scales if map4 is None else map4.view(torch.uint8), scales if dec is None else dec.view(torch.int32),
+                  rows, nblk, words.stride(0), amax.dim(), chunks, x.shape[0], _INPUT_KIND[x.dtype], four_six,
+                  block == "16x16", err_mode == "mse", 6.0 * scale_bound, f32_reciprocal(6.0 * scale_bound), decode,
+                  not transposed and x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, x.is_cuda,
+                  four_six and block == "16x16" and amax.dim() == 0, launch.rows, launch.blocks, transposed,
+                  not choose, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 

@@ -153,3 +153,28 @@ def dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, amax: torch.
     scale = global_decode_factor(scales.float() * _per_row(amax), scale_bound)
     values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
     return (values * scale[..., None]).view(rows, half * 2).to(dtype)
+
+
+def scale_cast_reference(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor,
+                         b_bound: int, dtype) -> torch.Tensor:
+    """The emulated dense GEMM's epilogue (docs/numerics.md, section 8): the FP32 product acc (M, N) times
+    fa * fb (that product first), cast to dtype; fa = amax_a * fl(1/(6B_a)) per tensor () or per row (M,)."""
+    fa = global_decode_factor(a_amax, a_bound)
+    factor = (fa[:, None] if fa.dim() else fa) * global_decode_factor(b_amax, b_bound)
+    return (acc.float() * factor).to(dtype)
+
+
+def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
+                                 group_of_row: torch.Tensor, scale_bound: int, dtype) -> torch.Tensor:
+    """The emulated grouped GEMM's epilogue: prod (M, N) times fa * fw per row, fw = w_amax[expert] * fl(1/(6B)),
+    fa per row (a_amax (M,)) or per group (a_amax (E,), a_per_group), cast to dtype; rows whose group_of_row is
+    E or more (past offs[-1]) are +0 whatever prod holds there."""
+    experts = w_amax.numel()
+    valid = group_of_row < experts
+
+    def per_row(values):
+        return torch.cat([values, values.new_zeros(1)])[group_of_row]
+
+    fa = global_decode_factor(a_amax, scale_bound)
+    factor = (per_row(fa) if a_per_group else fa) * per_row(global_decode_factor(w_amax, scale_bound))
+    return torch.where(valid[:, None], prod.float() * factor[:, None], 0).to(dtype)

@@ -12,9 +12,8 @@ from torch import Tensor
 from ..dispatch.amax import run_row_amax, run_tensor_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.formats import STANDARD_BOUND
-from ..numerics.reference import global_decode_factor
 from .checks import check_dense
-from .gemm import decode_on, gemm_nt, row_split
+from .gemm import decode_on, gemm_nt
 from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
                        transposed_tiles)
 from .recipe import FourOverSixRecipe, recipe_from_key
@@ -35,8 +34,7 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
-    out = gemm_nt(xq, global_decode_factor(x_amax, r.scale_bound), wq, global_decode_factor(w_amax, r.scale_bound),
-                  x.dtype, r.gemm, row_split(x_amax, r.scale_bound) if r.row_scaled else None)
+    out = gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r)
     return out, xq.codes, xq.scales, x_amax, wq.codes, wq.scales, w_amax
 
 
@@ -56,8 +54,6 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
     with its own per-tensor amax, x and W columnwise with the forward's amax. Columnwise operands are blocked
     along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing)."""
     dy_amax = run_tensor_amax(dy, r.quantizer)
-    dy_factor = global_decode_factor(dy_amax, STANDARD_BOUND)
-    w_factor = global_decode_factor(w_amax, r.scale_bound)
     decode = decode_on(dy.device, r.gemm)
     dx = dw = dy.new_empty(0)
     if need_dx:
@@ -65,11 +61,12 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
             w_col = transposed_tiles(Operand(w_codes, w_scales), decode)
         else:
             w_col = quantize_46_columnwise(weight, w_amax, r, decode, weight=True)
-        dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_factor, w_col, w_factor, x_dtype, r.gemm)
+        dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_amax, STANDARD_BOUND, w_col, w_amax, r.scale_bound,
+                     x_dtype, r)
     if need_dw:
         dy_col = quantize_standard_columnwise(dy, dy_amax, r, decode)
         x_col = quantize_46_columnwise(x, x_amax, r, decode, weight=False)
-        dw = gemm_nt(dy_col, dy_factor, x_col, global_decode_factor(x_amax, r.scale_bound), w_dtype, r.gemm)
+        dw = gemm_nt(dy_col, dy_amax, STANDARD_BOUND, x_col, x_amax, r.scale_bound, w_dtype, r)
     return dx, dw
 
 

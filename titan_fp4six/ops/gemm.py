@@ -15,9 +15,11 @@ import os
 
 import torch
 
+from ..dispatch.epilogue import run_grouped_scale_cast, run_scale_cast
 from ..numerics.reference import global_decode_factor
 from . import blackwell
 from .operands import Operand
+from .recipe import FourOverSixRecipe
 
 log = logging.getLogger(__name__)
 
@@ -61,50 +63,44 @@ def mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.float(), b.float())
 
 
-def _combined(a_factor: torch.Tensor, b_factor: torch.Tensor) -> torch.Tensor:
-    """amax_a/(6B) * amax_b/(6B), per row of the output when a_factor is per row."""
-    return (a_factor[:, None] if a_factor.dim() else a_factor) * b_factor
-
-
 def row_split(amax_rows: torch.Tensor, scale_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fl(1/(6B)) as a 0-d tensor, the raw amaxes): the two parts of the per-row factors amax_r * fl(1/(6B))
     that the Blackwell row-scaled GEMMs apply separately."""
     return global_decode_factor(amax_rows.new_ones(()), scale_bound), amax_rows
 
 
-def gemm_nt(a: Operand, a_factor: torch.Tensor, b: Operand, b_factor: torch.Tensor, out_dtype, gemm: str,
-            a_row_split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """a (M, K) x b (N, K)^T -> (M, N) in out_dtype; a_factor () or (M,), b_factor (); a_row_split =
-    row_split(...) of a per-row a_factor (the Blackwell kernel's form of it; the emulation uses a_factor)."""
-    fp4 = out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm)
-    if fp4 and a_factor.dim() == 0:
-        return blackwell.scaled_mm_nt(a, a_factor, b, b_factor, out_dtype)
-    if fp4 and a_row_split is not None:
-        return blackwell.scaled_mm_nt_row_scaled(a, *a_row_split, b, b_factor, out_dtype)
+def gemm_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: torch.Tensor, b_bound: int,
+            out_dtype, recipe: FourOverSixRecipe) -> torch.Tensor:
+    """a (M, K) x b (N, K)^T -> (M, N) in out_dtype, with the global decode factors amax/(6B) of each side:
+    a_amax () or (M,) (row-scaled), b_amax (); the recipe's `gemm` and `quantizer` knobs choose the kernels."""
+    if out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, recipe.gemm):
+        b_factor = global_decode_factor(b_amax, b_bound)
+        if a_amax.dim() == 0:
+            return blackwell.scaled_mm_nt(a, global_decode_factor(a_amax, a_bound), b, b_factor, out_dtype)
+        return blackwell.scaled_mm_nt_row_scaled(a, *row_split(a_amax, a_bound), b, b_factor, out_dtype)
     acc = mm_f32(a.block_scaled(), b.block_scaled().t())
-    return (acc * _combined(a_factor, b_factor)).to(out_dtype)
+    return run_scale_cast(acc, a_amax, a_bound, b_amax, b_bound, out_dtype, recipe.quantizer)
 
 
-def grouped_gemm_nt(a: Operand, a_factor_rows: torch.Tensor, a_factor_groups: torch.Tensor | None, w: Operand,
-                    w_factor: torch.Tensor, offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype,
-                    gemm: str, a_row_split: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Operand, w_amax: torch.Tensor,
+                    offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype,
+                    recipe: FourOverSixRecipe) -> torch.Tensor:
     """A (M, K) grouped by offs x expert weights w (E*N, K) -> (M, N); rows past offs[-1] are zeros.
 
-    a_factor_rows (M,) is every row's activation factor; a_factor_groups (E,) the same per group when the
-    activations are per-group scaled (None when row-scaled, which passes a_row_split = row_split(...) for
-    Blackwell instead); w_factor (E,) per expert.
+    a_amax is per row (M,) (row-scaled) or per group (E,) (a_per_group), w_amax (E,) per expert; every factor
+    is amax/(6B) with the recipe's bound.
     """
-    experts = w_factor.numel()
-    valid = group_of_row < experts
-    fp4 = out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, gemm)
-    if fp4 and a_factor_groups is not None:
-        out = blackwell.scaled_grouped_mm_nt(a, a_factor_groups, w, w_factor, offs, experts, out_dtype)
-        return torch.where(valid[:, None], out, 0)
-    if fp4 and a_row_split is not None:
-        out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *a_row_split, w, w_factor, offs, experts, out_dtype)
-        return torch.where(valid[:, None], out, 0)
+    experts = w_amax.numel()
+    if out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, recipe.gemm):
+        w_factor = global_decode_factor(w_amax, recipe.scale_bound)
+        if a_per_group:
+            out = blackwell.scaled_grouped_mm_nt(a, global_decode_factor(a_amax, recipe.scale_bound), w, w_factor,
+                                                 offs, experts, out_dtype)
+        else:
+            out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *row_split(a_amax, recipe.scale_bound), w, w_factor,
+                                                            offs, experts, out_dtype)
+        return torch.where((group_of_row < experts)[:, None], out, 0)
     w_dec = w.block_scaled().view(experts, -1, w.codes.shape[1] * 2)
     prod = torch._grouped_mm(a.block_scaled(), w_dec.transpose(-2, -1), offs=offs)  # bf16: the extra rounding
-    w_rows = torch.cat([w_factor, w_factor.new_zeros(1)])[group_of_row]
-    scaled = prod.float() * (a_factor_rows * w_rows)[:, None]
-    return torch.where(valid[:, None], scaled, 0).to(out_dtype)  # _grouped_mm leaves tail rows uninitialized
+    return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, recipe.scale_bound, out_dtype,
+                                  recipe.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0

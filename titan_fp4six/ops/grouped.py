@@ -11,9 +11,8 @@ from torch import Tensor
 
 from ..dispatch.amax import group_index, run_group_amax, run_row_amax
 from ..dispatch.quantize import run_dequantize
-from ..numerics.reference import global_decode_factor
 from .checks import check_grouped, check_offs_values
-from .gemm import decode_on, grouped_gemm_nt, row_split
+from .gemm import decode_on, grouped_gemm_nt
 from .operands import quantize_46
 from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
@@ -59,13 +58,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)
-    if r.row_scaled:
-        a_groups, a_rows = None, global_decode_factor(a_amax_rows, r.scale_bound)
-    else:  # the same elementwise factors, expanded per row
-        a_groups = global_decode_factor(a_amax, r.scale_bound)
-        a_rows = _per_row(a_groups, group_of_row)
-    out = grouped_gemm_nt(aq, a_rows, a_groups, wq, global_decode_factor(w_amax, r.scale_bound), offs, group_of_row,
-                          A.dtype, r.gemm, row_split(a_amax_rows, r.scale_bound) if r.row_scaled else None)
+    out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
 
 

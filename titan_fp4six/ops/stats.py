@@ -6,39 +6,52 @@ Blocks of rows that are not tokens (past offs[-1] in grouped GEMMs) are not coun
 twice (activation checkpointing recomputes it) counts twice, in numerator and denominator alike.
 """
 
+from dataclasses import dataclass, field
+
 import torch
+
+_FOLD_AT = 64  # pending device counts per device before they are summed into one (bounded memory without reads)
+
+
+@dataclass
+class _Counts:
+    hits: list = field(default_factory=list)  # device tensors, summed when read (or folded)
+    device_totals: list = field(default_factory=list)  # block totals known only on the device
+    host_total: int = 0
+
+
+def _fold(values: list) -> list:
+    return [torch.stack(values).sum()] if len(values) >= _FOLD_AT else values
 
 
 class Map4Stats:
-    """Running map-to-4 block count (an int64 device tensor) and total block count (a host int where every count
-    was known on the host, else a device tensor), per device."""
+    """Running map-to-4 block counts per device: hits as device tensors (no sync; one reduction kernel per
+    counted mask, the running sum formed when read), totals on the host where the mask's size says them."""
 
     def __init__(self):
         self.enabled = True
-        self._counts: dict[torch.device, list] = {}  # device -> [hits (device tensor), total (tensor or int)]
+        self._counts: dict[torch.device, _Counts] = {}
 
     def add(self, map4: torch.Tensor, valid_rows: torch.Tensor | None = None) -> None:
         """Count a (R, C/16) bool map-to-4 mask; `valid_rows` (R,) bool drops rows that are not data."""
         if not self.enabled or map4 is None:
             return
-        if valid_rows is None:  # the total is known on the host: only the hits need a device reduction
-            hits, total = map4.sum(), map4.numel()
+        counts = self._counts.setdefault(map4.device, _Counts())
+        if valid_rows is None:
+            counts.hits.append(map4.sum())
+            counts.host_total += map4.numel()
         else:
-            hits = (map4 & valid_rows[:, None]).sum()
-            total = valid_rows.sum() * map4.shape[1]
-        count = self._counts.get(map4.device)
-        if count is None:
-            self._counts[map4.device] = [hits, total]
-        else:  # device tensors accumulate on the device (no sync); Python ints on the host
-            count[0] = count[0] + hits
-            count[1] = count[1] + total
+            counts.hits.append((map4 & valid_rows[:, None]).sum())
+            counts.device_totals.append(valid_rows.sum() * map4.shape[1])
+            counts.device_totals = _fold(counts.device_totals)
+        counts.hits = _fold(counts.hits)
 
     def read_and_reset(self) -> float | None:
         """Fraction of counted blocks that chose map-to-4 since the last call (None if nothing was counted)."""
         hits = total = 0
-        for h, t in self._counts.values():
-            hits += int(h)
-            total += int(t)
+        for counts in self._counts.values():
+            hits += int(torch.stack(counts.hits).sum()) if counts.hits else 0
+            total += counts.host_total + (int(torch.stack(counts.device_totals).sum()) if counts.device_totals else 0)
         self._counts.clear()
         return hits / total if total else None
 

@@ -1,0 +1,93 @@
+"""Triton epilogue of the emulated GEMMs: the FP32 (or bf16 grouped) product times the global decode factors,
+cast to the output dtype, in one pass (PyTorch needed five small kernels for it: two factors, their product,
+the multiply and the cast; the grouped form also a gather and a select).
+
+Bitwise equal to reference.scale_cast_reference / grouped_scale_cast_reference: fa = amax_a * fl(1/(6B)) and
+fb = amax_b * fl(1/(6B)) in FP32, their product first, then the product times it, one rounding at a time (no
+FMA contraction), cast with round-to-nearest-even (NaN as PyTorch casts it).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .bits import f32_reciprocal
+from .decode import OUT_KIND, bf16_rne
+from .launch import FastLaunch
+
+BLOCK_ROWS = 16
+BLOCK_COLS = 256
+WARPS = 4
+MAX_GRID_Y = 65535
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
+A_TENSOR, A_ROW, A_GROUP = 0, 1, 2  # how the activation-side amax is laid out
+
+
+@triton.jit(do_not_specialize=["M", "N", "experts"])
+def _scale_cast_kernel(acc_ptr, a_amax_ptr, b_amax_ptr, group_ptr, out_ptr, M, N, experts, A_MODE: tl.constexpr,
+                       GROUPED: tl.constexpr, A_R6B: tl.constexpr, B_R6B: tl.constexpr, OUT: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr):
+    """out[r, c] = acc[r, c] * (fa(r) * fb(r)); GROUPED: fb is row r's expert's, rows of no expert are +0."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    in_rows = rows < M
+    keep = in_rows
+    if GROUPED:
+        group = tl.load(group_ptr + rows, mask=in_rows, other=0)
+        keep = in_rows & (group < experts)
+        fb = tl.load(b_amax_ptr + group, mask=keep, other=0.0) * B_R6B
+    else:
+        fb = tl.load(b_amax_ptr) * B_R6B
+    if A_MODE == 0:
+        fa = tl.load(a_amax_ptr) * A_R6B
+    elif A_MODE == 1:
+        fa = tl.load(a_amax_ptr + rows, mask=in_rows, other=0.0) * A_R6B
+    else:
+        fa = tl.load(a_amax_ptr + group, mask=keep, other=0.0) * A_R6B
+    factor = tl.broadcast_to(fa * fb, (BM, ))[:, None]
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    ok = in_rows[:, None] & (cols < N)[None, :]
+    v = tl.load(acc_ptr + offs, mask=ok, other=0.0).to(tl.float32) * factor
+    if GROUPED:
+        v = tl.where(keep[:, None], v, 0.0)
+    if OUT == 0:
+        v = bf16_rne(v)
+    elif OUT == 1:
+        v = v.to(tl.float16)
+    tl.store(out_ptr + offs, v, mask=ok)
+
+
+_SCALE_CAST = FastLaunch(_scale_cast_kernel)
+
+
+def eligible(acc: torch.Tensor) -> bool:
+    """Products the epilogue takes: contiguous CUDA (M, N)."""
+    return acc.is_cuda and acc.is_contiguous()
+
+
+def _launch(acc, a_amax, a_mode, b_amax, group_of_row, a_bound, b_bound, dtype):
+    m, n = acc.shape
+    out = torch.empty(m, n, dtype=dtype, device=acc.device)
+    grid = (triton.cdiv(m, BLOCK_ROWS), triton.cdiv(n, BLOCK_COLS))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"a product of shape {(m, n)} needs {grid[1]} programs along a row; the grid takes at most "
+                         f"{MAX_GRID_Y}")
+    if m and n:
+        grouped = group_of_row is not None
+        _SCALE_CAST(grid, acc, a_amax, b_amax, group_of_row if grouped else a_amax, out, m, n,
+                    b_amax.numel() if grouped else 1, a_mode, grouped, f32_reciprocal(6.0 * a_bound),
+                    f32_reciprocal(6.0 * b_bound), OUT_KIND[dtype], BLOCK_ROWS, BLOCK_COLS, num_warps=WARPS,
+                    **COMPILE_OPTIONS)
+    return out
+
+
+def scale_cast(acc, a_amax, a_bound: int, b_amax, b_bound: int, dtype):
+    """acc (M, N) FP32 * (amax_a/(6B_a) * amax_b/(6B_b)) in dtype; a_amax () or (M,), b_amax ()."""
+    return _launch(acc, a_amax, A_ROW if a_amax.dim() else A_TENSOR, b_amax, None, a_bound, b_bound, dtype)
+
+
+def grouped_scale_cast(prod, a_amax, a_per_group: bool, w_amax, group_of_row, scale_bound: int, dtype):
+    """prod (M, N) * (fa * fw) per row in dtype, fw of the row's expert (w_amax (E,)), fa per row (a_amax (M,))
+    or per group (a_amax (E,), a_per_group); rows whose group_of_row (int32, (M,)) is E or more are +0."""
+    return _launch(prod, a_amax, A_GROUP if a_per_group else A_ROW, w_amax, group_of_row, scale_bound, scale_bound,
+                   dtype)
