@@ -32,12 +32,14 @@ def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.searchsorted(offs, positions, right=True)
 
 
-def run_group_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+def run_group_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto",
+                   group_of_row: torch.Tensor | None = None) -> torch.Tensor:
     """max |x| over the rows of each token group (FP32, length E); rows past offs[-1] never reach a group and
-    empty groups get 0. `offs` holds inclusive group ends (int32, non-decreasing)."""
+    empty groups get 0. `offs` holds inclusive group ends (int32, non-decreasing); `group_of_row` is
+    group_index(offs, rows) when the caller has it already."""
     num_groups = offs.numel()
     per_row = run_row_amax(x, quantizer)
-    idx = group_index(offs, x.shape[0]).long()
+    idx = (group_index(offs, x.shape[0]) if group_of_row is None else group_of_row).long()
     out = torch.zeros(num_groups + 1, dtype=torch.float32, device=x.device)
     # Tail rows land in the extra bucket num_groups, which is dropped: garbage or NaN there never leaks.
     out = out.scatter_reduce(0, idx, per_row, reduce="amax", include_self=True)

@@ -31,7 +31,7 @@ def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: Four
     if r.row_scaled:
         rows = torch.where(group_of_row < offs.numel(), run_row_amax(A, r.quantizer), 0.0)
         return rows, rows
-    groups = run_group_amax(A, offs, r.quantizer)
+    groups = run_group_amax(A, offs, r.quantizer, group_of_row)
     return groups, _per_row(groups, group_of_row)
 
 
