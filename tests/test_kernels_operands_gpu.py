@@ -1,7 +1,7 @@
 """GPU sweep of the operand kernels: fused NVFP4 quantize-decode, columnwise (x^T read in place) 4/6 and NVFP4
-quantization with and without the decode, the decode kernels and the GEMM epilogue, bitwise against the reference compositions
-they replace, run on the same GPU (tests/operand_cases.py), over realistic and ragged shapes, every dtype and
-knob, and adversarial data."""
+quantization with and without the decode, the decode kernels and the GEMM epilogue, bitwise against the reference
+compositions they replace, run on the same GPU (tests/helpers/operand_cases.py), over realistic and ragged shapes,
+every dtype and knob, and adversarial data."""
 
 import itertools
 

@@ -1,7 +1,9 @@
 """Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
 quantize-decode, columnwise quantization, decode, GEMM epilogue) against the reference compositions on the CPU.
 
-    TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [nvfp4_decode] [columnwise] [decode] [map6_only] [epilogue]  (all: none)
+    TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [SECTION ...]  (all: none)
+
+SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue.
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)

@@ -47,8 +47,8 @@ def _kernel_module(name: str):
 
 
 def kernels_for(x: torch.Tensor, quantizer: str, name: str, *more: torch.Tensor, check: str = "eligible"):
-    """The kernels module `name` ("quantize", "amax", "decode", "epilogue") to run on x (and `more` inputs), or None for
-    the reference. `check` names the module's predicate that must accept the inputs.
+    """The kernels module `name` ("quantize", "amax", "decode", "epilogue") to run on x (and `more` inputs), or
+    None for the reference. `check` names the module's predicate that must accept the inputs.
 
     Never called while torch.compile traces: the public entry points are custom ops there (library.py).
     """

@@ -63,6 +63,6 @@ def row_amax(x: torch.Tensor) -> torch.Tensor:
     rows, cols = x.shape
     out = torch.zeros(rows, dtype=torch.int32, device=x.device)
     if rows and cols:
-        _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
-                  num_warps=4)
+        _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS,
+                  ROW_BLOCK_COLS, num_warps=4)
     return out.view(torch.float32)
