@@ -11,14 +11,12 @@ import triton
 import triton.language as tl
 
 from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
-from .launch import FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
 
 # A program decodes 8 rows x 32 blocks (4096 values), two blocks per thread: 8-byte code loads, 32-byte stores.
 BLOCK_ROWS = 8
 BLOCK_BLOCKS = 32
 WARPS = 4
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
-COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the reference multiplies and rounds one operation at a time
 OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 TWO_TO_120 = tl.constexpr(2.0 ** 120)
 

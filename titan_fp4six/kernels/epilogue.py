@@ -13,13 +13,11 @@ import triton.language as tl
 
 from .bits import f32_reciprocal
 from .decode import OUT_KIND, bf16_rne
-from .launch import FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
 WARPS = 4
-MAX_GRID_Y = 65535
-COMPILE_OPTIONS = {"enable_fp_fusion": False}
 A_TENSOR, A_ROW, A_GROUP = 0, 1, 2  # how the activation-side amax is laid out
 
 
@@ -88,6 +86,6 @@ def scale_cast(acc, a_amax, a_bound: int, b_amax, b_bound: int, dtype):
 
 def grouped_scale_cast(prod, a_amax, a_per_group: bool, w_amax, group_of_row, scale_bound: int, dtype):
     """prod (M, N) * (fa * fw) per row in dtype, fw of the row's expert (w_amax (E,)), fa per row (a_amax (M,))
-    or per group (a_amax (E,), a_per_group); rows whose group_of_row (int32, (M,)) is E or more are +0."""
+    or per group (a_amax (E,), a_per_group); rows whose group_of_row (integer, (M,)) is E or more are +0."""
     return _launch(prod, a_amax, A_GROUP if a_per_group else A_ROW, w_amax, group_of_row, scale_bound, scale_bound,
                    dtype)

@@ -15,6 +15,9 @@ every call takes Triton's own path.
 
 import torch
 
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
+COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec rounds each operation: no contraction of a*b + c into an FMA
+
 try:
     from triton import knobs as _knobs
 except ImportError:  # older Triton: no hooks object to consult; never take the direct path

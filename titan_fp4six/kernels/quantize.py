@@ -20,7 +20,7 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
 from .decode import e4m3_value
-from .launch import FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
 
 
 class Launch(NamedTuple):
@@ -53,8 +53,6 @@ LAUNCH = {
 # warp's 32 columns; the chunk loop walks down x's rows. Not yet timed against other shapes on a GPU.
 COLUMN_LAUNCH = Launch(32, 1, 8, 1)
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
-COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec forbids contracting a*b + c into an FMA
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 

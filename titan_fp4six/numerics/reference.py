@@ -164,17 +164,18 @@ def scale_cast_reference(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, 
     return (acc.float() * factor).to(dtype)
 
 
+def expand_per_row(values: torch.Tensor, group_of_row: torch.Tensor) -> torch.Tensor:
+    """Per-group values (E,) -> per row (M,) by each row's group; rows of no group (id E, past offs[-1]) get 0."""
+    return torch.cat([values, values.new_zeros(1)])[group_of_row]
+
+
 def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
                                  group_of_row: torch.Tensor, scale_bound: int, dtype) -> torch.Tensor:
     """The emulated grouped GEMM's epilogue: prod (M, N) times fa * fw per row, fw = w_amax[expert] * fl(1/(6B)),
     fa per row (a_amax (M,)) or per group (a_amax (E,), a_per_group), cast to dtype; rows whose group_of_row is
     E or more (past offs[-1]) are +0 whatever prod holds there."""
-    experts = w_amax.numel()
-    valid = group_of_row < experts
-
-    def per_row(values):
-        return torch.cat([values, values.new_zeros(1)])[group_of_row]
-
+    valid = group_of_row < w_amax.numel()
     fa = global_decode_factor(a_amax, scale_bound)
-    factor = (per_row(fa) if a_per_group else fa) * per_row(global_decode_factor(w_amax, scale_bound))
+    factor = ((expand_per_row(fa, group_of_row) if a_per_group else fa)
+              * expand_per_row(global_decode_factor(w_amax, scale_bound), group_of_row))
     return torch.where(valid[:, None], prod.float() * factor[:, None], 0).to(dtype)

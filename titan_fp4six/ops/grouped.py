@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..dispatch.amax import group_index, run_group_amax, run_row_amax
 from ..dispatch.quantize import run_dequantize
+from ..numerics.reference import expand_per_row
 from .checks import check_grouped, check_offs_values
 from .gemm import decode_on, grouped_gemm_nt
 from .operands import quantize_46
@@ -20,11 +21,6 @@ from .stats import MAP4_STATS
 _F8 = torch.float8_e4m3fn
 
 
-def _per_row(values: Tensor, group_of_row: Tensor) -> Tensor:
-    """values (E,) -> per row (M,); rows past offs[-1] (group id E) get 0."""
-    return torch.cat([values, values.new_zeros(1)])[group_of_row]
-
-
 def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: FourOverSixRecipe):
     """(amax to save: (E,) per group or (M,) per row, amax per row (M,)); tail rows get 0 and are never read
     into a real row's amax."""
@@ -32,7 +28,7 @@ def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: Four
         rows = torch.where(group_of_row < offs.numel(), run_row_amax(A, r.quantizer), 0.0)
         return rows, rows
     groups = run_group_amax(A, offs, r.quantizer, group_of_row)
-    return groups, _per_row(groups, group_of_row)
+    return groups, expand_per_row(groups, group_of_row)
 
 
 def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
@@ -83,7 +79,7 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     m, experts = dy.shape[0], offs.numel()
     group_of_row = group_index(offs, m)
     if r.backward == "dequantized":
-        rows = a_amax if r.row_scaled else _per_row(a_amax, group_of_row)
+        rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
         A = run_dequantize(a_codes, a_scales, rows, r.scale_bound, a_dtype, r.quantizer)
         n = w_codes.shape[0] // experts
         w = run_dequantize(w_codes, w_scales, w_amax.repeat_interleave(n), r.scale_bound, a_dtype,
