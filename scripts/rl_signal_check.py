@@ -35,6 +35,7 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--entropy-coef", type=float, default=0.0)
     args = p.parse_args()
     cpu_patches()
     torch.manual_seed(0)
@@ -61,6 +62,7 @@ def main():
         elif args.mode == "baseline":
             weights = rewards - rewards.mean()
         loss = -(weights * logprobs.gather(-1, answers[:, None]).squeeze(-1)).mean()
+        loss = loss - args.entropy_coef * grpo.entropy(logprobs).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -64,6 +64,21 @@ def test_group_advantages_and_clipped_loss():
     assert stats["mismatch_max"] == 0.25 and stats["mismatch_mean"] == 0.25 and stats["mismatch_kl"] > 0
 
 
+def test_entropy_bonus_flattens_the_policy():
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]], requires_grad=True)
+    logprobs = torch.log_softmax(logits, -1)
+    picked = logprobs[..., 0]
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    loss, stats = grpo.policy_loss(picked, picked.detach(), torch.tensor([0.0]), mask, clip_eps=0.2,
+                                   entropy_coef=0.1, entropies=grpo.entropy(logprobs))
+    loss.backward()
+    p = logprobs.detach().exp()
+    assert stats["entropy"] == pytest.approx(float(-(p * p.log()).sum()))
+    assert logits.grad[0, 0, 0] > 0 > logits.grad[0, 0, 2]  # descent lowers the likeliest logit, raises the least
+    with pytest.raises(ValueError, match="entropy_coef"):
+        grpo.policy_loss(picked, picked.detach(), torch.tensor([0.0]), mask, clip_eps=0.2, entropy_coef=0.1)
+
+
 def test_copy_task_rewards():
     vocab = Vocabulary.from_tokenizer(EMBEDDED, "0123")
     task = CopyTask(vocab, 2)
@@ -73,6 +88,7 @@ def test_copy_task_rewards():
     assert task.reward(prompt, [*target, vocab.eos]) == 1.0
     assert task.reward(prompt, [vocab.eos]) == 0.0
     other = next(s for s in vocab.symbols if s != target[0])
-    assert task.reward(prompt, [other, target[1]]) == 0.75
+    assert task.reward(prompt, [other, target[1]]) == 0.5  # no credit for a wrong symbol
+    assert task.reward(prompt, [target[1], target[0]]) == (target[0] == target[1])
     with pytest.raises(ValueError, match="rl.alphabet"):
         Vocabulary.from_tokenizer(EMBEDDED, "0=")

@@ -12,13 +12,20 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6) -> Ten
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True, unbiased=False) + eps)).view(-1)
 
 
+def entropy(logprobs: Tensor) -> Tensor:
+    """Entropy (nats) of each distribution over the last axis of logprobs (..., V)."""
+    return -(logprobs.exp() * logprobs).sum(-1)
+
+
 def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                kl_coef: float = 0.0, ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                kl_coef: float = 0.0, ref_logprobs: Tensor | None = None, entropy_coef: float = 0.0,
+                entropies: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate (PPO/GRPO) over response tokens, averaged per token over the batch.
 
     logprobs (B, T) with grad (trainer), rollout_logprobs (B, T) of the sampling policy, advantages (B,),
     mask (B, T). The ratio is against the rollout's own logprobs, so any trainer/rollout mismatch shows up
-    in it. Optional KL to a reference policy (k3 estimator) when kl_coef > 0."""
+    in it. Optional KL to a reference policy (k3 estimator) when kl_coef > 0; optional entropy bonus
+    (entropies (B, T) of the trainer's distributions, with grad) when entropy_coef > 0."""
     mask = mask.float()
     ratio = torch.exp(logprobs - rollout_logprobs)
     adv = advantages[:, None]
@@ -32,6 +39,11 @@ def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, 
         kl = torch.exp(log_r) - log_r - 1
         per_token = per_token + kl_coef * kl
         stats["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+    if entropies is not None:
+        per_token = per_token - entropy_coef * entropies
+        stats["entropy"] = float((entropies.detach() * mask).sum() / mask.sum().clamp(min=1))
+    elif entropy_coef > 0:
+        raise ValueError("rl.entropy_coef > 0 needs the trainer's entropies")
     loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
     clipped = ((ratio.detach() - 1).abs() > clip_eps).float()
     stats["clip_frac"] = float((clipped * mask).sum() / mask.sum().clamp(min=1))

@@ -25,6 +25,9 @@ class RL:
     """PPO/GRPO ratio clip."""
     kl_coef: float = 0.0
     """> 0 adds a KL penalty to a frozen copy of the initial policy (costs one more forward per step)."""
+    entropy_coef: float = 0.0
+    """> 0 adds this times the policy's entropy (full vocabulary, response tokens) to the objective: keeps a
+    fresh policy from collapsing onto one symbol for every prompt before it learns the task (docs/rl.md)."""
     seed: int = 0
     """Seed of the prompt and sampling streams."""
     metrics_file: str = "rl_metrics.jsonl"

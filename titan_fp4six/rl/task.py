@@ -1,10 +1,10 @@
 """A verifiable task built from the embedded tokenizer's vocabulary: copy a short sequence of symbols.
 
 Prompt: <bos> s_1 ... s_n "=" with each s_i drawn from a small alphabet of single-character tokens; the
-correct response is s_1 ... s_n then <eos>. Reward in [0, 1], dense enough for a freshly initialized model:
-per position, half a point for emitting any alphabet symbol and half for the right one, averaged over n
-positions. A random policy over the 2048-token vocabulary scores ~0; emitting alphabet symbols is learned
-first, copying them next.
+correct response is s_1 ... s_n then <eos>. Reward in [0, 1]: the fraction of the n positions that hold the
+right symbol. No partial credit for emitting "any symbol": that shaping term drives a fresh policy to put all
+its mass on one symbol for every prompt (its softmax gradient favours the likelier symbol and copying then
+never gets sampled); see docs/rl.md.
 """
 
 import json
@@ -55,7 +55,6 @@ class CopyTask:
 
     def reward(self, prompt: list[int], response: list[int]) -> float:
         target = prompt[1:1 + self.length]
-        symbols = set(self.vocab.symbols)
         got = response[:self.length]
-        score = sum(0.5 * (tok in symbols) + 0.5 * (tok == want) for tok, want in zip(got, target))
+        score = sum(tok == want for tok, want in zip(got, target))
         return score / self.length

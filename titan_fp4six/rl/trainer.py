@@ -37,8 +37,9 @@ class RLTrainer(Trainer):
         if cfg.prompts_per_step < 1 or cfg.group_size < 2:
             raise ValueError(f"rl.prompts_per_step={cfg.prompts_per_step} must be >= 1 and rl.group_size="
                              f"{cfg.group_size} >= 2 (advantages are relative to a prompt's group)")
-        if cfg.clip_eps <= 0 or cfg.kl_coef < 0:
-            raise ValueError(f"rl.clip_eps={cfg.clip_eps} must be > 0 and rl.kl_coef={cfg.kl_coef} >= 0")
+        if cfg.clip_eps <= 0 or cfg.kl_coef < 0 or cfg.entropy_coef < 0:
+            raise ValueError(f"rl.clip_eps={cfg.clip_eps} must be > 0, rl.kl_coef={cfg.kl_coef} >= 0 and "
+                             f"rl.entropy_coef={cfg.entropy_coef} >= 0")
         self.task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
         self.rng = random.Random(cfg.seed)
         self.sampler = torch.Generator(device=self.device).manual_seed(cfg.seed)
@@ -69,8 +70,9 @@ class RLTrainer(Trainer):
                 buf.copy_(counts[name])
         return Rollout(out.tokens.clone(), out.logprobs.clone(), out.mask.clone())
 
-    def score(self, model, prompts, ro: Rollout) -> torch.Tensor:
-        """Trainer logprobs (B, max_new) of each rollout token: whole right-padded sequences, one forward."""
+    def score(self, model, prompts, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trainer logprobs (B, max_new) of each rollout token and the entropy (B, max_new) of the distribution
+        it was drawn from: whole right-padded sequences, one forward."""
         cfg = self.job_config.rl
         seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
         width = max(len(s) for s in seqs)
@@ -87,7 +89,7 @@ class RLTrainer(Trainer):
         cols = (lengths[:, None] - 1 + torch.arange(steps, device=self.device)).clamp(max=width - 1)
         picked = tempered(logprobs[torch.arange(len(seqs), device=self.device)[:, None], cols], cfg.temperature,
                           ops.log_softmax)
-        return picked.gather(-1, ro.tokens.to(self.device)[..., None]).squeeze(-1)
+        return picked.gather(-1, ro.tokens.to(self.device)[..., None]).squeeze(-1), grpo.entropy(picked)
 
     def rl_step(self) -> dict:
         cfg = self.job_config.rl
@@ -106,15 +108,16 @@ class RLTrainer(Trainer):
 
         start = self._sync()
         self.optimizers.zero_grad()
-        logprobs = self.score(model, prompts, ro)
+        logprobs, entropies = self.score(model, prompts, ro)
         metrics = grpo.mismatch(logprobs, ro.logprobs, ro.mask)
         ref = None
         if cfg.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("rl.kl_coef > 0 but no reference policy was built")
             with torch.no_grad():
-                ref = self.score(self.reference, prompts, ro)
-        loss, stats = grpo.policy_loss(logprobs, ro.logprobs, advantages, ro.mask, cfg.clip_eps, cfg.kl_coef, ref)
+                ref = self.score(self.reference, prompts, ro)[0]
+        loss, stats = grpo.policy_loss(logprobs, ro.logprobs, advantages, ro.mask, cfg.clip_eps, cfg.kl_coef, ref,
+                                       cfg.entropy_coef, entropies if cfg.entropy_coef > 0 else None)
         loss.backward()
         grad_norm = dist_utils.clip_grad_norm_([p for p in model.parameters()], self.job_config.training.max_norm,
                                                foreach=True)
