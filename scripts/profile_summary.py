@@ -5,7 +5,7 @@
 
 Prints, for the last profiled step (ProfilerStep#N): its wall time, GPU busy fraction (union of kernel
 intervals inside the step / wall), kernel count, total kernel time, the top kernels by total time, and the host
-time per call of the plugin's custom ops (titan_fp4six::*).
+time per call of the plugin's ops (titan_fp4six::*: custom ops when compiled, record_function ranges in eager).
 """
 
 import argparse
@@ -42,7 +42,8 @@ def summarize(events: list[dict], top: int = 12) -> dict:
         by_name[k["name"]][1] += k["dur"]
     ops = defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("name", "").startswith("titan_fp4six::") \
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
+                and e.get("name", "").startswith("titan_fp4six::") \
                 and t0 <= e["ts"] < t1:
             ops[e["name"]].append(e["dur"])
     return {
@@ -60,7 +61,7 @@ def markdown(s: dict, label: str) -> str:
              "| kernel | count | ms |", "| --- | --- | --- |"]
     lines += [f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top"]]
     if s["host_ops"]:
-        lines += ["", "| custom op (host) | calls | mean ms |", "| --- | --- | --- |"]
+        lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
         lines += [f"| `{n}` | {v['calls']} | {v['mean_ms']:.3f} |" for n, v in s["host_ops"].items()]
     return "\n".join(lines)
 

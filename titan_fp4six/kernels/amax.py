@@ -61,8 +61,9 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
 def row_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| of each row of a 2-D CUDA tensor with unit column stride, as an FP32 vector."""
     rows, cols = x.shape
-    out = torch.zeros(rows, dtype=torch.int32, device=x.device)
-    if rows and cols:
-        _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS,
-                  ROW_BLOCK_COLS, num_warps=4)
+    if not (rows and cols):
+        return torch.zeros(rows, dtype=torch.float32, device=x.device)
+    out = torch.empty(rows, dtype=torch.int32, device=x.device)  # every row is stored: no fill launch
+    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
+              num_warps=4)
     return out.view(torch.float32)

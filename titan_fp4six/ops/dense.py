@@ -1,8 +1,9 @@
 """Four-over-six dense GEMM (linear / mm) with its three backward modes.
 
-The quantize+GEMM forward and each backward are torch.library custom ops: opaque to torch.compile (Inductor
-cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for bit), with fake
-implementations for tracing, wrapped in an autograd.Function. The ops take the resolved recipe as its key
+The quantize+GEMM forward and each backward are torch.library custom ops while torch.compile traces: opaque
+to it (Inductor cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for
+bit), with fake implementations for tracing; eager calls run the same bodies directly (custom.py). Both are
+wrapped in an autograd.Function. The ops take the resolved recipe as its key
 string and trust it: the public functions below check their arguments once.
 """
 
@@ -13,6 +14,7 @@ from ..dispatch.amax import run_row_amax, run_tensor_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.formats import STANDARD_BOUND
 from .checks import check_dense
+from .custom import compile_opaque_op
 from .gemm import decode_on, gemm_nt
 from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
                        transposed_tiles)
@@ -22,7 +24,7 @@ from .stats import MAP4_STATS
 _F8 = torch.float8_e4m3fn
 
 
-@torch.library.custom_op("titan_fp4six::dense_fwd", mutates_args=())
+@compile_opaque_op("dense_fwd")
 def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype and
     the forward's x codes, scales, amax and weight codes, scales, amax (what the backward modes save)."""
@@ -70,7 +72,7 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
     return dx, dw
 
 
-@torch.library.custom_op("titan_fp4six::dense_bwd", mutates_args=())
+@compile_opaque_op("dense_bwd")
 def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tensor | None,
               x_scales: Tensor | None, x_amax: Tensor, w_codes: Tensor | None, w_scales: Tensor | None,
               w_amax: Tensor, recipe: str, x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool,
@@ -104,7 +106,7 @@ def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, recip
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, recipe: FourOverSixRecipe):
-        out, xc, xs, xa, wc, ws, wa = torch.ops.titan_fp4six.dense_fwd(x, weight, recipe.key)
+        out, xc, xs, xa, wc, ws, wa = dense_fwd(x, weight, recipe.key)
         if recipe.backward == "high_precision":
             saved = (x, weight, None, None, xa, None, None, wa)
         elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
@@ -121,7 +123,7 @@ class _DenseFunction(torch.autograd.Function):
     def backward(ctx, dy):
         key, x_dtype, w_dtype = ctx.config
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx, dw = torch.ops.titan_fp4six.dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype,
+        dx, dw = dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype,
                                                   need_dx, need_dw)
         return (dx if need_dx else None), (dw if need_dw else None), None
 

@@ -13,6 +13,7 @@ from ..dispatch.amax import group_index, run_group_amax, run_row_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import expand_per_row
 from .checks import check_grouped, check_offs_values
+from .custom import compile_opaque_op
 from .gemm import decode_on, grouped_gemm_nt
 from .operands import quantize_46
 from .recipe import FourOverSixRecipe, recipe_from_key
@@ -39,7 +40,7 @@ def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
     return w, run_row_amax(w, quantizer).view(experts, n).amax(dim=1)
 
 
-@torch.library.custom_op("titan_fp4six::grouped_fwd", mutates_args=())
+@compile_opaque_op("grouped_fwd")
 def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
                 recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)) and W codes, scales, amax (E,)."""
@@ -68,7 +69,7 @@ def _(A, B_t, offs, recipe):
             A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32))
 
 
-@torch.library.custom_op("titan_fp4six::grouped_bwd", mutates_args=())
+@compile_opaque_op("grouped_bwd")
 def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, a_codes: Tensor | None,
                 a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None,
                 w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool,
@@ -109,7 +110,7 @@ def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, re
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
-        out, ac, as_, aa, wc, ws, wa = torch.ops.titan_fp4six.grouped_fwd(A, B_t, offs, recipe.key)
+        out, ac, as_, aa, wc, ws, wa = grouped_fwd(A, B_t, offs, recipe.key)
         if recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax (and offs) stay alive
             ctx.save_for_backward(None, None, offs, ac, as_, aa, wc, ws, wa)
         else:
@@ -121,7 +122,7 @@ class _GroupedFunction(torch.autograd.Function):
     def backward(ctx, dy):
         key, a_dtype, w_dtype = ctx.config
         need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dA, dW = torch.ops.titan_fp4six.grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype,
+        dA, dW = grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype,
                                                     need_da, need_dw)
         return (dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None), None, None
 
