@@ -3,7 +3,7 @@
 # bf16 twin, STEPS steps each (default 200), logs and per-step metrics (rl_metrics.jsonl) under OUT_DIR, then
 # the figures and table of docs/rl.md (scripts/rl_report.py). Run from the repository root:
 #   bash scripts/rl_runs.sh OUT_DIR
-# About 3-4 minutes on an H200 (three ~25 s start-ups; ~0.1 s a step fast, ~0.3 s a step consistent).
+# About 5 minutes on an H200 (three ~25 s start-ups; ~0.15 s a step fast, ~0.6 s a step consistent).
 # PARALLEL=1 starts the three runs at once (the debug model leaves most of the GPU idle; tokens/s are then
 # measured while the runs share the GPU); RUN_TIMEOUT (s) stops a run; NO_REPORT=1 skips the figures (e.g. on
 # a machine without matplotlib: run scripts/rl_report.py on the logs elsewhere).
