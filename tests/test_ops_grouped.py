@@ -56,6 +56,8 @@ def test_equals_per_group_loop_of_the_dense_op(recipe):
     A, W, offs, dy = _inputs(1)
     out, dA, dW = _run(A, W, offs, dy, recipe)
     fwd = torch.ops.titan_fp4six.grouped_fwd(A, W.transpose(-2, -1), offs, recipe.resolve(grouped=True).key)
+    assert torch.equal(fwd[7], torch.tensor([e for e, (s, t) in enumerate(_groups(offs)) for _ in range(t - s)]
+                                            + [len(offs)] * (A.shape[0] - int(offs[-1]))))  # saved for the backward
     dense_recipe = FourOverSixRecipe(activation_scaling=recipe.activation_scaling, backward=recipe.resolved_backward(True))
     for e, (s, t) in enumerate(_groups(offs)):
         if s == t:
@@ -107,7 +109,7 @@ def test_high_precision_backward_oracle():
         assert_matches(dW[e], dy64.t() @ a64, dy64.t(), a64, 2.0 ** -8)
 
 
-def test_dequantized_saves_only_codes_scales_amax_and_offs():
+def test_dequantized_saves_only_codes_scales_amax_offs_and_row_groups():
     A, W, offs, _ = _inputs(5)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
@@ -115,7 +117,8 @@ def test_dequantized_saves_only_codes_scales_amax_and_offs():
                                  recipe=FourOverSixRecipe(backward="dequantized"))
     assert sorted(((t.dtype, tuple(t.shape)) for t in saved), key=str) == sorted([
         (torch.uint8, (70, 32)), (torch.float8_e4m3fn, (70, 4)), (torch.float32, (E,)), (torch.int32, (E,)),
-        (torch.uint8, (E * N, 32)), (torch.float8_e4m3fn, (E * N, 4)), (torch.float32, (E,))], key=str)
+        (torch.uint8, (E * N, 32)), (torch.float8_e4m3fn, (E * N, 4)), (torch.float32, (E,)), (torch.int64, (70,))],
+        key=str)
 
 
 def test_1x16_weights_allow_any_n():

@@ -42,8 +42,9 @@ def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
 
 @compile_opaque_op("grouped_fwd")
 def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
-                recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)) and W codes, scales, amax (E,)."""
+                recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,) and
+    the group of each row (M,) (group_index; the backward reuses it)."""
     r = recipe_from_key(recipe)
     check_offs_values(offs, A.shape[0])
     experts, n = B_t.shape[0], B_t.shape[2]
@@ -56,7 +57,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
     MAP4_STATS.add(w_map4)
     out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
-    return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax
+    return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row
 
 
 @grouped_fwd.register_fake
@@ -66,19 +67,19 @@ def _(A, B_t, offs, recipe):
     row_scaled = recipe_from_key(recipe).row_scaled
     return (A.new_empty(m, n), A.new_empty(m, k // 2, dtype=u8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=f32), A.new_empty(e * n, k // 2, dtype=u8),
-            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32))
+            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32), A.new_empty(m, dtype=torch.int64))
 
 
 @compile_opaque_op("grouped_bwd")
-def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, a_codes: Tensor | None,
-                a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None,
-                w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool,
-                need_dw: bool) -> tuple[Tensor, Tensor]:
+def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, group_of_row: Tensor,
+                a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None,
+                w_scales: Tensor | None, w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype,
+                w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
-    grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands."""
+    grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands. group_of_row
+    is the forward's group_index(offs, M)."""
     r = recipe_from_key(recipe)
-    m, experts = dy.shape[0], offs.numel()
-    group_of_row = group_index(offs, m)
+    experts = offs.numel()
     if r.backward == "dequantized":
         rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
         A = run_dequantize(a_codes, a_scales, rows, r.scale_bound, a_dtype, r.quantizer)
@@ -98,8 +99,8 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
 
 
 @grouped_bwd.register_fake
-def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype, need_da,
-      need_dw):
+def _(dy, A, B_t, offs, group_of_row, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype,
+      need_da, need_dw):
     m, n = dy.shape
     k = A.shape[1] if A is not None else a_codes.shape[1] * 2
     dA = dy.new_empty(m, k, dtype=a_dtype) if need_da else dy.new_empty(0)
@@ -110,11 +111,11 @@ def _(dy, A, B_t, offs, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, re
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
-        out, ac, as_, aa, wc, ws, wa = grouped_fwd(A, B_t, offs, recipe.key)
-        if recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax (and offs) stay alive
-            ctx.save_for_backward(None, None, offs, ac, as_, aa, wc, ws, wa)
+        out, ac, as_, aa, wc, ws, wa, group_of_row = grouped_fwd(A, B_t, offs, recipe.key)
+        if recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax, offs and row groups stay alive
+            ctx.save_for_backward(None, None, offs, group_of_row, ac, as_, aa, wc, ws, wa)
         else:
-            ctx.save_for_backward(A, B_t, offs, None, None, None, None, None, None)
+            ctx.save_for_backward(A, B_t, offs, group_of_row, None, None, None, None, None, None)
         ctx.config = (recipe.key, A.dtype, B_t.dtype)
         return out
 
