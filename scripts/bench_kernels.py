@@ -2,13 +2,16 @@
 the same bytes (read + written) and against the unfused PyTorch composition it replaces, with a bitwise check
 of their outputs.
 
-    python scripts/bench_kernels.py [--rep-ms 100] [--rounds 3]
+    python scripts/bench_kernels.py [--rep-ms 100] [--rounds 3] [--only operands|epilogue]
 
 Cases per shape (bf16 input, per-tensor amax, mse, B=256):
 - NVFP4 quantize + decode fused, against the NVFP4 kernel then numerics' PyTorch decode_block_scaled;
 - columnwise 4/6 and NVFP4 (x^T read in place), without and with the decode, against pad + transpose +
   contiguous, then the row-major kernel (fused with the decode where the columnwise one is);
 - decode_block_scaled and nvfp4_dequantize (bf16 out) kernels, against numerics' PyTorch versions.
+Then the GEMM epilogue (grouped bf16 product of the Qwen3 MoE debug experts, dense FP32 product) and the row
+amax, each against a copy of the same bytes, against the same kernel compiled without specializing the sizes
+and strides (how it was before: no vectorized loads), and against the PyTorch reference (bitwise).
 Times are medians of do_bench, the least over --rounds rounds (bench_quantize.py says why).
 """
 
@@ -19,8 +22,14 @@ import triton
 
 from bench_quantize import _copy, _least_of_rounds
 from titan_fp4six import numerics
+from titan_fp4six.kernels import amax as ka
 from titan_fp4six.kernels import decode as kd
+from titan_fp4six.kernels import epilogue as ke
 from titan_fp4six.kernels import quantize as kq
+from titan_fp4six.kernels.bits import f32_reciprocal
+from titan_fp4six.kernels.decode import OUT_KIND
+from titan_fp4six.kernels.launch import COMPILE_OPTIONS
+from titan_fp4six.numerics import reference
 
 SHAPES = ((16384, 7168), (8192, 5120), (4100, 2048))
 DEVICE = "cuda"
@@ -89,17 +98,78 @@ def run_shape(m, k, rep_ms, rounds):
         _row(label, sizes[name], t[name], t["copy_" + name], t[name + "_unfused"], exact[name])
 
 
+def run_epilogue_and_amax(rep_ms, rounds):
+    """The epilogue and the row amax: now (sizes and strides specialized) vs unspecialized vs copy vs PyTorch."""
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    experts, m, n = 64, 131072, 768  # Qwen3 MoE debug: 16384 tokens x top-8, moe_inter_dim 768
+    prod = torch.randn(m, n, device=DEVICE, generator=gen).to(torch.bfloat16)
+    group = torch.arange(m, device=DEVICE) * experts // m
+    a_rows = torch.rand(m, device=DEVICE, generator=gen) * 4
+    w_amax = torch.rand(experts, device=DEVICE, generator=gen)
+    acc = torch.randn(16384, 1024, device=DEVICE, generator=gen)
+    a_amax, b_amax = torch.rand((), device=DEVICE) * 4, torch.rand((), device=DEVICE)
+    r6b = f32_reciprocal(6.0 * 256)
+    old_cast = triton.jit(do_not_specialize=["M", "N", "experts"])(ke._scale_cast_kernel.fn)
+    old_amax = triton.jit(do_not_specialize=["R", "C", "stride"])(ka._row_amax_kernel.fn)
+
+    def old_scale_cast(src, fa, fb, rows_group, a_mode):
+        rows, cols = src.shape
+        out = torch.empty(rows, cols, dtype=torch.bfloat16, device=DEVICE)
+        grid = (triton.cdiv(rows, ke.BLOCK_ROWS), triton.cdiv(cols, ke.BLOCK_COLS))
+        grouped = rows_group is not None
+        old_cast[grid](src, fa, fb, rows_group if grouped else fa, out, rows, cols, fb.numel(), a_mode, grouped,
+                       r6b, r6b, OUT_KIND[torch.bfloat16], ke.BLOCK_ROWS, ke.BLOCK_COLS, num_warps=ke.WARPS,
+                       **COMPILE_OPTIONS)
+        return out
+
+    def old_row_amax(x):
+        out = torch.empty(x.shape[0], dtype=torch.int32, device=DEVICE)
+        old_amax[(triton.cdiv(x.shape[0], ka.ROW_BLOCK_ROWS), )](x, out, x.shape[0], x.shape[1], x.stride(0),
+                                                                 ka.ROW_BLOCK_ROWS, ka.ROW_BLOCK_COLS, num_warps=4)
+        return out.view(torch.float32)
+
+    cases = {
+        "grouped epilogue 131072x768 bf16 -> bf16": (
+            4 * m * n, lambda: ke.grouped_scale_cast(prod, a_rows, False, w_amax, group, 256, torch.bfloat16),
+            lambda: old_scale_cast(prod, a_rows, w_amax, group, ke.A_ROW),
+            lambda: reference.grouped_scale_cast_reference(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)),
+        "dense epilogue 16384x1024 fp32 -> bf16": (
+            6 * acc.numel(), lambda: ke.scale_cast(acc, a_amax, 256, b_amax, 256, torch.bfloat16),
+            lambda: old_scale_cast(acc, a_amax, b_amax, None, ke.A_TENSOR),
+            lambda: reference.scale_cast_reference(acc, a_amax, 256, b_amax, 256, torch.bfloat16)),
+        "row amax 131072x768 bf16": (
+            2 * m * n, lambda: ka.row_amax(prod), lambda: old_row_amax(prod),
+            lambda: reference.row_amax_reference(prod)),
+    }
+    fns = {}
+    for name, (nbytes, now, old, ref) in cases.items():
+        fns.update({name: now, name + " old": old, name + " ref": ref, name + " copy": _copy(nbytes)})
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    print("\n| kernel | ms | % of copy | unspecialized ms | speedup | PyTorch ms | MB moved | bitwise (now, old) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, (nbytes, now, old, ref) in cases.items():
+        want = ref()
+        exact = (_same((now(), ), (want, )), _same((old(), ), (want, )))
+        print(f"| {name} | {t[name]:.3f} | {t[name + ' copy'] / t[name]:6.1%} | {t[name + ' old']:.3f} | "
+              f"{t[name + ' old'] / t[name]:5.2f}x | {t[name + ' ref']:.3f} | {nbytes / 1e6:.0f} | {exact} |",
+              flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rep-ms", type=float, default=100.0, help="timed milliseconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per shape; each time is the least median")
+    parser.add_argument("--only", choices=("operands", "epilogue"), help="one part of the benchmark")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA device")
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
           f"least of {args.rounds} rounds' medians of do_bench")
-    for m, k in SHAPES:
-        run_shape(m, k, args.rep_ms, args.rounds)
+    if args.only in (None, "operands"):
+        for m, k in SHAPES:
+            run_shape(m, k, args.rep_ms, args.rounds)
+    if args.only in (None, "epilogue"):
+        run_epilogue_and_amax(args.rep_ms, args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The operand kernels' generated code, compiled ahead of time for Hopper (sm_90) on the CPU: they compile (the
 GPU-only branches included), contract no a*b + c into an FMA (the only FMAs are the quantizer's explicit ones,
-as in test_kernels_codegen.py), divide with div.rn only and are FP32 throughout."""
+as in test_kernels_codegen.py), divide with div.rn only and are FP32 throughout; the row-streaming kernels
+(epilogue, row amax) move 16 bytes per access when the launch's sizes are multiples of 16."""
 
 import re
 
@@ -9,13 +10,17 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _compile(fn, signature, constexprs, num_warps=1) -> str:
+def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
+    """PTX of fn; `divisible` names the arguments Triton may assume multiples of 16 (as its launcher specializes
+    them, and pointers 16-byte aligned)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**signature, **{k: "constexpr" for k in constexprs}}
+    names = list(signature)
+    attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in divisible}
     try:
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"enable_fp_fusion": False, "num_warps": num_warps})
     except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
@@ -72,3 +77,35 @@ def test_decode_kernel():
     ptx = _compile(kd._decode_kernel, signature, constexprs, kd.WARPS)
     assert _fmas(ptx) == 0 and not re.search(r"\bdiv\.", ptx)
     _check_rounding(ptx)
+
+
+def _accesses(ptx: str, op: str) -> dict:
+    return {width: len(re.findall(rf"\b{op}\.global{width}\.", ptx)) for width in (".v4", ".v2", "")}
+
+
+def test_epilogue_vectorizes_rows():
+    """N must stay specialized: Triton then knows rows start 16-element aligned and moves 8 bf16 per access;
+    unspecialized (N of unknown divisibility) every element is its own 2-byte load and store."""
+    from titan_fp4six.kernels import epilogue as ke
+
+    assert {p.name for p in ke._scale_cast_kernel.params if p.do_not_specialize} == {"M", "experts"}
+    signature = {"acc_ptr": "*bf16", "a_amax_ptr": "*fp32", "b_amax_ptr": "*fp32", "group_ptr": "*i64",
+                 "out_ptr": "*bf16", "M": "i32", "N": "i32", "experts": "i32"}
+    constexprs = dict(A_MODE=ke.A_ROW, GROUPED=True, A_R6B=1.0 / 1536.0, B_R6B=1.0 / 1536.0, OUT=0,
+                      BM=ke.BLOCK_ROWS, BN=ke.BLOCK_COLS)
+    pointers = ("acc_ptr", "a_amax_ptr", "b_amax_ptr", "group_ptr", "out_ptr")
+    fast = _compile(ke._scale_cast_kernel, signature, constexprs, ke.WARPS, divisible=pointers + ("N", ))
+    slow = _compile(ke._scale_cast_kernel, signature, constexprs, ke.WARPS, divisible=pointers)
+    assert _accesses(fast, "ld")[".v4"] > 0 and _accesses(fast, "st")[".v4"] > 0
+    assert _accesses(slow, "ld")[".v4"] == 0  # what specializing N buys
+    _check_rounding(fast)
+
+
+def test_row_amax_vectorizes_rows():
+    from titan_fp4six.kernels import amax as ka
+
+    assert {p.name for p in ka._row_amax_kernel.params if p.do_not_specialize} == {"R"}
+    signature = {"x_ptr": "*bf16", "out_ptr": "*i32", "R": "i32", "C": "i32", "stride": "i32"}
+    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS)
+    ptx = _compile(ka._row_amax_kernel, signature, constexprs, 4, divisible=("x_ptr", "out_ptr", "C", "stride"))
+    assert _accesses(ptx, "ld")[".v4"] > 0
