@@ -32,6 +32,8 @@ from titan_fp4six.kernels.launch import COMPILE_OPTIONS
 from titan_fp4six.numerics import reference
 
 SHAPES = ((16384, 7168), (8192, 5120), (4100, 2048))
+GROUPED_PRODUCT = (64, 131072, 768)  # Qwen3 MoE debug experts: 64 experts, 16384 tokens x top-8, moe_inter_dim 768
+DENSE_PRODUCT = (16384, 1024)
 DEVICE = "cuda"
 
 
@@ -101,12 +103,12 @@ def run_shape(m, k, rep_ms, rounds):
 def run_epilogue_and_amax(rep_ms, rounds):
     """The epilogue and the row amax: now (sizes and strides specialized) vs unspecialized vs copy vs PyTorch."""
     gen = torch.Generator(DEVICE).manual_seed(0)
-    experts, m, n = 64, 131072, 768  # Qwen3 MoE debug: 16384 tokens x top-8, moe_inter_dim 768
+    experts, m, n = GROUPED_PRODUCT
     prod = torch.randn(m, n, device=DEVICE, generator=gen).to(torch.bfloat16)
     group = torch.arange(m, device=DEVICE) * experts // m
     a_rows = torch.rand(m, device=DEVICE, generator=gen) * 4
     w_amax = torch.rand(experts, device=DEVICE, generator=gen)
-    acc = torch.randn(16384, 1024, device=DEVICE, generator=gen)
+    acc = torch.randn(*DENSE_PRODUCT, device=DEVICE, generator=gen)
     a_amax, b_amax = torch.rand((), device=DEVICE) * 4, torch.rand((), device=DEVICE)
     r6b = f32_reciprocal(6.0 * 256)
     old_cast = triton.jit(do_not_specialize=["M", "N", "experts"])(ke._scale_cast_kernel.fn)
@@ -129,15 +131,15 @@ def run_epilogue_and_amax(rep_ms, rounds):
         return out.view(torch.float32)
 
     cases = {
-        "grouped epilogue 131072x768 bf16 -> bf16": (
+        f"grouped epilogue {m}x{n} bf16 -> bf16": (
             4 * m * n, lambda: ke.grouped_scale_cast(prod, a_rows, False, w_amax, group, 256, torch.bfloat16),
             lambda: old_scale_cast(prod, a_rows, w_amax, group, ke.A_ROW),
             lambda: reference.grouped_scale_cast_reference(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)),
-        "dense epilogue 16384x1024 fp32 -> bf16": (
+        f"dense epilogue {acc.shape[0]}x{acc.shape[1]} fp32 -> bf16": (
             6 * acc.numel(), lambda: ke.scale_cast(acc, a_amax, 256, b_amax, 256, torch.bfloat16),
             lambda: old_scale_cast(acc, a_amax, b_amax, None, ke.A_TENSOR),
             lambda: reference.scale_cast_reference(acc, a_amax, 256, b_amax, 256, torch.bfloat16)),
-        "row amax 131072x768 bf16": (
+        f"row amax {m}x{n} bf16": (
             2 * m * n, lambda: ka.row_amax(prod), lambda: old_row_amax(prod),
             lambda: reference.row_amax_reference(prod)),
     }
