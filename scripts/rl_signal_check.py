@@ -3,6 +3,7 @@
     python -m scripts.rl_signal_check --mode supervised   # cross-entropy on the right symbol
     python -m scripts.rl_signal_check --mode grpo         # sampled answers, group-relative advantages
     python -m scripts.rl_signal_check --mode baseline     # sampled answers, batch-mean baseline
+    python -m scripts.rl_signal_check --mode grpo --entropy-coef 0.01   # plus the trainer's entropy bonus
 
 One-symbol copy task (`<bos> s =` -> `s`) from the embedded tokenizer, the model's own forward
 (titan_fp4six.rl.forward, fast kernels) on the prompt only, no generator or trainer: what it isolates is the
