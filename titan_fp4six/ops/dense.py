@@ -3,8 +3,8 @@
 The quantize+GEMM forward and each backward are torch.library custom ops while torch.compile traces: opaque
 to it (Inductor cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for
 bit), with fake implementations for tracing; eager calls run the same bodies directly (custom.py). Both are
-wrapped in an autograd.Function. The ops take the resolved recipe as its key
-string and trust it: the public functions below check their arguments once.
+wrapped in an autograd.Function. The ops take the resolved recipe as its key string and trust it: the public
+functions below check their arguments once.
 """
 
 import torch
@@ -123,8 +123,7 @@ class _DenseFunction(torch.autograd.Function):
     def backward(ctx, dy):
         key, x_dtype, w_dtype = ctx.config
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx, dw = dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype,
-                                                  need_dx, need_dw)
+        dx, dw = dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype, need_dx, need_dw)
         return (dx if need_dx else None), (dw if need_dw else None), None
 
 

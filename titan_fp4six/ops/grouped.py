@@ -112,7 +112,7 @@ class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
         out, ac, as_, aa, wc, ws, wa, group_of_row = grouped_fwd(A, B_t, offs, recipe.key)
-        if recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales, FP32 amax, offs and row groups stay alive
+        if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and row groups stay alive
             ctx.save_for_backward(None, None, offs, group_of_row, ac, as_, aa, wc, ws, wa)
         else:
             ctx.save_for_backward(A, B_t, offs, group_of_row, None, None, None, None, None, None)
@@ -123,8 +123,7 @@ class _GroupedFunction(torch.autograd.Function):
     def backward(ctx, dy):
         key, a_dtype, w_dtype = ctx.config
         need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dA, dW = grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype,
-                                                    need_da, need_dw)
+        dA, dW = grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype, need_da, need_dw)
         return (dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None), None, None
 
 
