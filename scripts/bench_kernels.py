@@ -26,9 +26,7 @@ from titan_fp4six.kernels import amax as ka
 from titan_fp4six.kernels import decode as kd
 from titan_fp4six.kernels import epilogue as ke
 from titan_fp4six.kernels import quantize as kq
-from titan_fp4six.kernels.bits import f32_reciprocal
-from titan_fp4six.kernels.decode import OUT_KIND
-from titan_fp4six.kernels.launch import COMPILE_OPTIONS
+from titan_fp4six.kernels.launch import FastLaunch
 from titan_fp4six.numerics import reference
 
 SHAPES = ((16384, 7168), (8192, 5120), (4100, 2048))
@@ -110,37 +108,33 @@ def run_epilogue_and_amax(rep_ms, rounds):
     w_amax = torch.rand(experts, device=DEVICE, generator=gen)
     acc = torch.randn(*DENSE_PRODUCT, device=DEVICE, generator=gen)
     a_amax, b_amax = torch.rand((), device=DEVICE) * 4, torch.rand((), device=DEVICE)
-    r6b = f32_reciprocal(6.0 * 256)
-    old_cast = triton.jit(do_not_specialize=["M", "N", "experts"])(ke._scale_cast_kernel.fn)
-    old_amax = triton.jit(do_not_specialize=["R", "C", "stride"])(ka._row_amax_kernel.fn)
+    before = {ke: ("_SCALE_CAST", ["M", "N", "experts"]), ka: ("_ROW_AMAX", ["R", "C", "stride"])}
 
-    def old_scale_cast(src, fa, fb, rows_group, a_mode):
-        rows, cols = src.shape
-        out = torch.empty(rows, cols, dtype=torch.bfloat16, device=DEVICE)
-        grid = (triton.cdiv(rows, ke.BLOCK_ROWS), triton.cdiv(cols, ke.BLOCK_COLS))
-        grouped = rows_group is not None
-        old_cast[grid](src, fa, fb, rows_group if grouped else fa, out, rows, cols, fb.numel(), a_mode, grouped,
-                       r6b, r6b, OUT_KIND[torch.bfloat16], ke.BLOCK_ROWS, ke.BLOCK_COLS, num_warps=ke.WARPS,
-                       **COMPILE_OPTIONS)
-        return out
+    def unspecialized(module, fn):
+        """fn run with module's kernel rebuilt as it was before: sizes and strides not specialized."""
+        name, args = before[module]
+        kernel = FastLaunch(triton.jit(do_not_specialize=args)(getattr(module, name).fn.fn))
 
-    def old_row_amax(x):
-        out = torch.empty(x.shape[0], dtype=torch.int32, device=DEVICE)
-        old_amax[(triton.cdiv(x.shape[0], ka.ROW_BLOCK_ROWS), )](x, out, x.shape[0], x.shape[1], x.stride(0),
-                                                                 ka.ROW_BLOCK_ROWS, ka.ROW_BLOCK_COLS, num_warps=4)
-        return out.view(torch.float32)
+        def run():
+            now = getattr(module, name)
+            setattr(module, name, kernel)
+            try:
+                return fn()
+            finally:
+                setattr(module, name, now)
+        return run
 
     cases = {
         f"grouped epilogue {m}x{n} bf16 -> bf16": (
             4 * m * n, lambda: ke.grouped_scale_cast(prod, a_rows, False, w_amax, group, 256, torch.bfloat16),
-            lambda: old_scale_cast(prod, a_rows, w_amax, group, ke.A_ROW),
+            unspecialized(ke, lambda: ke.grouped_scale_cast(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)),
             lambda: reference.grouped_scale_cast_reference(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)),
         f"dense epilogue {acc.shape[0]}x{acc.shape[1]} fp32 -> bf16": (
             6 * acc.numel(), lambda: ke.scale_cast(acc, a_amax, 256, b_amax, 256, torch.bfloat16),
-            lambda: old_scale_cast(acc, a_amax, b_amax, None, ke.A_TENSOR),
+            unspecialized(ke, lambda: ke.scale_cast(acc, a_amax, 256, b_amax, 256, torch.bfloat16)),
             lambda: reference.scale_cast_reference(acc, a_amax, 256, b_amax, 256, torch.bfloat16)),
         f"row amax {m}x{n} bf16": (
-            2 * m * n, lambda: ka.row_amax(prod), lambda: old_row_amax(prod),
+            2 * m * n, lambda: ka.row_amax(prod), unspecialized(ka, lambda: ka.row_amax(prod)),
             lambda: reference.row_amax_reference(prod)),
     }
     fns = {}
