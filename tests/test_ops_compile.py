@@ -68,6 +68,10 @@ def test_eager_runs_op_bodies_compile_records_custom_ops():
     with _OpLog() as log:
         _step(module, module, x, offs, torch.ones(48, 32, dtype=torch.bfloat16))
     assert not any(n.startswith("titan_fp4six.") for n in log.names) and "aten.mm.default" in log.names
+    with torch.profiler.profile() as prof:  # the eager calls still show under the ops' names in a profile
+        _step(module, module, x, offs, torch.ones(48, 32, dtype=torch.bfloat16))
+    assert {f"titan_fp4six::{op}" for op in ("dense_fwd", "dense_bwd", "grouped_fwd", "grouped_bwd")} <= {
+        e.name for e in prof.events()}
     seen = []
 
     def record(gm, example_inputs):

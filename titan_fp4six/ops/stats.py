@@ -1,7 +1,8 @@
 """Map-to-4 statistics: which fraction of 1x16 blocks the forward quantizations stored as map-to-4.
 
-The GEMM ops feed the process-wide MAP4_STATS from inside their (compile-opaque) custom ops, on the device
-and without a host sync; the training loop calls `read_and_reset()` once per step (one sync) to log it.
+The GEMM ops feed the process-wide MAP4_STATS from inside their op bodies (compile-opaque custom ops under
+torch.compile), on the device and without a host sync, while `enabled` (the integration turns it on for the
+steps torchtitan logs); the training loop calls `read_and_reset()` when it logs (one sync).
 Blocks of rows that are not tokens (past offs[-1] in grouped GEMMs) are not counted. A forward that runs
 twice (activation checkpointing recomputes it) counts twice, in numerator and denominator alike.
 """
