@@ -6,7 +6,8 @@ Rows: 1024^3 `four_over_six_linear` forward+backward per backward mode against b
 iteration, CUDA events, queue kept full), the host time of one such call (the Python call alone, measured after a
 sync so nothing waits on the GPU), and the public `four_over_six_quantize` on 1024x1024 back to back (host and
 GPU time per call) and on 8192x5120 against the Triton kernel it launches. Works on CPU too (smoke test: host
-timings only).
+timings only). The ops run as in training: backward on the calling thread (the converters' setting, for the bf16
+rows too) and map-to-4 counting off (torchtitan counts it on logged steps only).
 """
 
 import argparse
@@ -18,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_linear, four_over_six_quantize, tensor_amax
+from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+from titan_fp4six.ops.stats import MAP4_STATS
 
 MODES = ("quantized", "dequantized", "high_precision")
 
@@ -57,6 +60,8 @@ def main():
     p.add_argument("--size", type=int, default=1024, help="M = K = N of the linear (small for a CPU smoke test)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
+    run_backward_on_calling_thread()
+    MAP4_STATS.enabled = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(0)
     rows = []

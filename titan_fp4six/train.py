@@ -52,6 +52,9 @@ def main() -> None:
     from titan_fp4six.integration import data
 
     data.register()  # the embedded corpus, also for recipes without the plugin's config module
+    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+
+    run_backward_on_calling_thread()  # every run of this launcher, bf16 twins too: their ratios share the setting
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 

@@ -18,6 +18,7 @@ from ..modules.linear import FourOverSixLinear
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops import blackwell
 from . import metrics
+from .backward_thread import run_backward_on_calling_thread
 
 FAMILY = "four_over_six"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
@@ -138,6 +139,7 @@ class _Converter(QuantizationConverter):
         self.cfg, self.recipe = validate_job_config(job_config, self.kind)
         super().__init__(job_config, parallel_dims)  # torchtitan's one-quantization-family check
         metrics.install()
+        run_backward_on_calling_thread()  # torchtitan builds converters on the thread that trains
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
         pass

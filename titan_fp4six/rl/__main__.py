@@ -11,6 +11,9 @@ def main() -> None:
     from ..train import _single_process_env
 
     _single_process_env()
+    from ..integration.backward_thread import run_backward_on_calling_thread
+
+    run_backward_on_calling_thread()  # as titan_fp4six.train: the bf16 twin shares the setting
     from torchtitan.train import main as torchtitan_main
 
     from .trainer import RLTrainer
