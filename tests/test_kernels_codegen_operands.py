@@ -101,11 +101,16 @@ def test_epilogue_vectorizes_rows():
     _check_rounding(fast)
 
 
-def test_row_amax_vectorizes_rows():
+@pytest.mark.parametrize("check", [False, True])
+def test_row_amax_vectorizes_rows(check):
+    """Both modes of the row kernel (the row amax; the public amax check, with its atomics) compile for sm_90
+    and read rows 16 bytes at a time."""
     from titan_fp4six.kernels import amax as ka
 
     assert {p.name for p in ka._row_amax_kernel.params if p.do_not_specialize} == {"R"}
-    signature = {"x_ptr": "*bf16", "out_ptr": "*i32", "R": "i32", "C": "i32", "stride": "i32"}
-    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS)
+    signature = {"x_ptr": "*bf16", "out_ptr": "*i32", "amax_ptr": "*fp32", "R": "i32", "C": "i32", "stride": "i32",
+                 "amax_stride": "i32"}
+    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, CHECK=check)
     ptx = _compile(ka._row_amax_kernel, signature, constexprs, 4, divisible=("x_ptr", "out_ptr", "C", "stride"))
     assert _accesses(ptx, "ld")[".v4"] > 0
+    assert ("atom" in ptx) == check

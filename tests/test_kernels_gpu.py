@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from tests.helpers.kernel_cases import KINDS, cases, compare, near_tie_case
+from tests.helpers.kernel_cases import KINDS, amax_check_cases, cases, compare, near_tie_case
 from titan_fp4six import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -123,6 +123,25 @@ def test_amax_kernels_match_torch(dtype):
     groups = dispatch.group_amax(x, offs)
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
+
+
+def test_amax_check_kernel_gives_the_reference_verdict():
+    """The public quantizers' amax check (one launch, the last program writes the verdict) against the
+    reference's rule, on the edge cases and on a tensor of 512 programs whose one NaN row excuses every other
+    row's amax for a per-tensor amax only."""
+    from titan_fp4six.kernels import amax as ka
+    for label, x, amax, covers in amax_check_cases(torch.Generator().manual_seed(0), "cuda"):
+        assert int(ka.amax_covers(x, amax)) == covers, label
+    x = torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16)
+    rows = x.abs().amax(dim=1).float()
+    assert int(ka.amax_covers(x, rows)) == 1 and int(ka.amax_covers(x, rows.amax())) == 1
+    assert int(ka.amax_covers(x, rows.amax() * 0.99)) == 0
+    x[4321, 3] = float("nan")
+    assert int(ka.amax_covers(x, rows.amax() * 0.5)) == 1  # max |x| is NaN: passes
+    lowered = rows.clone()
+    lowered[100] *= 0.99
+    assert int(ka.amax_covers(x, lowered)) == 0  # per row: the NaN row excuses only itself
+    assert int(ka.amax_covers(x, -rows.amax())) == 0  # negative: never excused
 
 
 def test_every_fp32_magnitude_up_to_six(kq):

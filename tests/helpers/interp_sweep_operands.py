@@ -1,9 +1,10 @@
 """Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
-quantize-decode, columnwise quantization, decode, GEMM epilogue) against the reference compositions on the CPU.
+quantize-decode, columnwise quantization, decode, GEMM epilogue) and the public amax check against the reference
+compositions on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [SECTION ...]  (all: none)
 
-SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue.
+SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check.
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -18,7 +19,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from tests.helpers.kernel_cases import _data, near_tie_case  # noqa: E402
+from tests.helpers.kernel_cases import _data, amax_check_cases, near_tie_case  # noqa: E402
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
                                          compare_nvfp4_decode, decode_case, epilogue_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
@@ -116,12 +117,20 @@ def epilogue(gen):
         yield f"epilogue/{label}", compare_epilogue(ke, kind, args)
 
 
+def amax_check(gen):
+    """The row-amax kernel's check mode (the public quantizers' amax check) against the reference's verdict."""
+    from titan_fp4six.kernels import amax as ka
+
+    for label, x, amax, covers in amax_check_cases(gen):
+        yield label, [] if int(ka.amax_covers(x, amax)) == covers else [f"flag {1 - covers}, expected {int(covers)}"]
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     configs = mismatches = 0
     start = time.time()
     sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only,
-                "epilogue": epilogue}
+                "epilogue": epilogue, "amax_check": amax_check}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1

@@ -177,3 +177,30 @@ def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
     x = torch.cat(kept)  # (steps * count, rows, 16): 16 blocks (tiles) side by side per 256 columns
     x = x.reshape(-1, 16, rows, 16).permute(2, 0, 1, 3).reshape(rows, -1, 256)
     return x.permute(1, 0, 2).reshape(-1, 256), amax
+
+
+def amax_check_cases(gen, device="cpu"):
+    """(label, x, amax, covers) for the public amax check: data with NaN, Inf and zero rows, in every dtype and
+    in rows of wider storage; per-tensor and per-row amaxes at, above and below the data, negative, -0, NaN.
+    `covers` is the reference's verdict (0 <= max |x| <= amax, NaN passes)."""
+    from titan_fp4six.numerics.reference import row_amax_reference, tensor_amax_reference
+
+    base = torch.randn(37, 56, generator=gen) * 3
+    base[2, 5], base[4, 9], base[6] = float("nan"), -float("inf"), 0.0
+    finite = torch.randn(21, 272, generator=gen)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for name, x in (("nan_inf", base.to(dtype)), ("finite", finite.to(dtype)),
+                        ("strided", finite.to(dtype)[:, :48])):
+            x = x.to(device)
+            t, r = tensor_amax_reference(x), row_amax_reference(x)
+            lowered = r.clone()
+            lowered[1] = lowered[1] * 0.99
+            amaxes = {"tensor": t, "rows": r, "tensor x2": t * 2, "tensor / 2": t / 2, "rows one lowered": lowered,
+                      "negative": -t.abs() - 1, "negative row": torch.where(torch.arange(len(r), device=device) == 3,
+                                                                             -1.0, r.abs() + 1),
+                      "-0": torch.tensor(-0.0, device=device), "nan": torch.tensor(float("nan"), device=device),
+                      "inf": torch.tensor(float("inf"), device=device)}
+            for label, amax in amaxes.items():
+                data = t if amax.dim() == 0 else r
+                covers = not bool((amax < 0).any() | (amax < data).any())
+                yield f"amax_check/{name}/{dtype}/{label}", x, amax.float(), covers

@@ -38,15 +38,22 @@ _NEGATIVE_AMAX_MSG = ("amax must be >= 0 (a negative amax stores negative E4M3 s
                       "row_amax(x)")
 _SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
                    "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
+_BAD_AMAX_MSG = ("amax must be >= 0 and >= max |x| of the data (per row for a row amax): a negative amax stores "
+                 "negative E4M3 scales, a smaller one saturates silently; pass tensor_amax(x) / row_amax(x)")
 
 
-def _check_amax_covers(amax: torch.Tensor, x: torch.Tensor) -> None:
+def _check_amax_covers(amax: torch.Tensor, x: torch.Tensor, quantizer: str) -> None:
     """Raise unless 0 <= max |x| <= amax (per row for a row amax; NaN on either side passes, it propagates).
 
     Costs one more read of x, so only the public API runs it: the GEMM ops compute amax from x themselves.
-    On CUDA both checks are asynchronous device asserts (no host sync), like the tile-uniform one; so are
-    they while torch.compile traces (a Python branch on a value would break the graph)."""
-    data = _amax.run_tensor_amax(x) if amax.dim() == 0 else _amax.run_row_amax(x)
+    On CUDA the check is an asynchronous device assert (no host sync), like the tile-uniform one: one Triton
+    launch that reads x and compares (eager), or the comparisons below (while torch.compile traces, where a
+    Python branch on a value would break the graph)."""
+    ok = _amax.run_amax_check(x, amax, quantizer)
+    if ok is not None:
+        torch._assert_async(ok, _BAD_AMAX_MSG)
+        return
+    data = _amax.run_tensor_amax(x, quantizer) if amax.dim() == 0 else _amax.run_row_amax(x, quantizer)
     negative, below = (amax < 0).any(), (amax < data).any()
     if amax.is_cuda or torch.compiler.is_compiling():
         torch._assert_async(~negative, _NEGATIVE_AMAX_MSG)
@@ -67,7 +74,7 @@ def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choo
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
     if validate_amax:
-        _check_amax_covers(amax, x)
+        _check_amax_covers(amax, x, quantizer)
     return tracing
 
 
