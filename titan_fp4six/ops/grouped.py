@@ -90,11 +90,13 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
         w = B_t.transpose(-2, -1).to(a_dtype)
     dy = dy.to(a_dtype)
     dA = dW = dy.new_empty(0)
-    if need_da:  # rows past offs[-1] come back uninitialized from _grouped_mm
-        dA = torch.where((group_of_row < experts)[:, None], torch._grouped_mm(dy, w, offs=offs), 0)
-    if need_dw:  # empty groups: zero, whatever the kernel leaves there
+    # zeroed in place (no second buffer of the gradient's size): rows past offs[-1] come back uninitialized from
+    # _grouped_mm, and empty groups' weight gradients hold whatever the kernel leaves there
+    if need_da:
+        dA = torch._grouped_mm(dy, w, offs=offs).masked_fill_((group_of_row >= experts)[:, None], 0)
+    if need_dw:
         counts = torch.diff(offs, prepend=offs.new_zeros(1))
-        dW = torch.where((counts > 0)[:, None, None], torch._grouped_mm(dy.t(), A, offs=offs), 0).to(w_dtype)
+        dW = torch._grouped_mm(dy.t(), A, offs=offs).masked_fill_((counts == 0)[:, None, None], 0).to(w_dtype)
     return dA, dW
 
 
