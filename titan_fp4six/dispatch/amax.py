@@ -18,20 +18,23 @@ def run_tensor_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     return kernels.tensor_amax(x) if kernels else tensor_amax_reference(x)
 
 
+def _row_kernels(x: torch.Tensor, quantizer: str):
+    """The amax kernels module where the row kernel takes x (eager, non-empty, unit column stride), else None."""
+    if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
+        return None
+    return kernels_for(x, quantizer, "amax")
+
+
 def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     """max |x| of each row of a 2-D tensor as an FP32 vector of length R."""
-    if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
-        return row_amax_reference(x)
-    kernels = kernels_for(x, quantizer, "amax")
+    kernels = _row_kernels(x, quantizer)
     return kernels.row_amax(x) if kernels else row_amax_reference(x)
 
 
 def run_amax_check(x: torch.Tensor, amax: torch.Tensor, quantizer: str = "auto") -> torch.Tensor | None:
     """An int32 0-d device flag, 1 when 0 <= max |x| <= amax (per row for a row amax; NaN passes), from one
-    Triton launch on a CUDA x with unit column stride; None elsewhere (the caller compares with the reference)."""
-    if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
-        return None
-    kernels = kernels_for(x, quantizer, "amax")
+    launch of the row kernel; None where it does not run (the caller compares with the reference)."""
+    kernels = _row_kernels(x, quantizer)
     return kernels.amax_covers(x, amax) if kernels else None
 
 
