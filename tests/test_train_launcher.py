@@ -1,16 +1,22 @@
 """`python -m titan_fp4six.train` turns torchtitan's bare errors (KeyError for a converter typo, AssertionError
-for parallel degrees that do not fit WORLD_SIZE) into errors that say what to do, before the trainer starts."""
+for parallel degrees that do not fit WORLD_SIZE) into errors that say what to do, before the trainer starts; it
+and the RL launcher start torchtitan with the caching allocator's expandable segments, unless the user set it."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
+from titan_fp4six.integration.allocator import ALLOC_ENVS, expandable_segments_by_default
 from titan_fp4six.integration.converters import check_converter_names
 from titan_fp4six.train import check_world_size
 
 REPO_CONFIG = "configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_converter_typo_names_the_registered_converters():
@@ -47,3 +53,41 @@ def test_launcher_reports_them_before_training(args, match):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "ValueError: " in done.stderr and match in done.stderr, done.stderr[-3000:]
+
+
+def test_expandable_segments_by_default_leaves_a_users_setting():
+    env = {}
+    expandable_segments_by_default(env)
+    assert env == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    for name in ALLOC_ENVS:
+        env = {name: "max_split_size_mb:128"}
+        expandable_segments_by_default(env)
+        assert env == {name: "max_split_size_mb:128"}
+
+
+_PRINT_ALLOC_ENV = ("import os, sys, runpy, torchtitan.train as tt; "
+                    "tt.main = lambda trainer: print('ALLOC', os.environ.get('PYTORCH_ALLOC_CONF'), "
+                    "os.environ.get('PYTORCH_CUDA_ALLOC_CONF')); runpy.run_module(sys.argv[1], run_name='__main__')")
+
+
+@pytest.mark.parametrize("module", ["titan_fp4six.train", "titan_fp4six.rl"])
+@pytest.mark.parametrize("user, expected", [({}, "ALLOC expandable_segments:True None"),
+                                            ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+                                             "ALLOC None expandable_segments:False")])
+def test_launchers_start_torchtitan_with_expandable_segments(module, user, expected):
+    """Both launchers set the allocator before torchtitan's main runs (torchtitan's main stubbed to print it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ALLOC_ENVS} | user
+    done = subprocess.run([sys.executable, "-c", _PRINT_ALLOC_ENV, module], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+    assert expected in done.stdout.splitlines(), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_setting_gives_expandable_segments_on_cuda():
+    code = ("from titan_fp4six.integration.allocator import expandable_segments_by_default as f; f(); import torch; "
+            "x = torch.empty(1 << 20, device='cuda'); "
+            "print('EXPANDABLE', all(s['is_expandable'] for s in torch.cuda.memory._snapshot()['segments']))")
+    env = {k: v for k, v in os.environ.items() if k not in ALLOC_ENVS}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=REPO)
+    assert "EXPANDABLE True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

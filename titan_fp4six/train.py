@@ -44,6 +44,9 @@ def check_world_size(parallelism, world_size: int) -> None:
 
 
 def main() -> None:
+    from titan_fp4six.integration.allocator import expandable_segments_by_default
+
+    expandable_segments_by_default()  # before any CUDA allocation; bf16 twins too, so their ratios share it
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
 

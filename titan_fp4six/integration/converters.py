@@ -18,6 +18,7 @@ from ..modules.linear import FourOverSixLinear
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops import blackwell
 from . import metrics
+from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
 
 FAMILY = "four_over_six"
@@ -140,6 +141,7 @@ class _Converter(QuantizationConverter):
         super().__init__(job_config, parallel_dims)  # torchtitan's one-quantization-family check
         metrics.install()
         run_backward_on_calling_thread()  # torchtitan builds converters on the thread that trains
+        hint_without_expandable_segments()
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
         pass

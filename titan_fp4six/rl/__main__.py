@@ -4,6 +4,9 @@ import torch
 
 
 def main() -> None:
+    from ..integration.allocator import expandable_segments_by_default
+
+    expandable_segments_by_default()  # as titan_fp4six.train
     if not torch.cuda.is_available():
         from ..integration import cpu
 
