@@ -11,8 +11,8 @@ def test_accumulates_on_device_and_resets():
     stats = Map4Stats()
     assert stats.read_and_reset() is None
     stats.add(torch.tensor([[True, False], [True, True]]))
-    stats.add(torch.tensor([[False, False, True]]), valid_rows=torch.tensor([True]))
-    stats.add(torch.tensor([[True, True]]), valid_rows=torch.tensor([False]))
+    stats.add(torch.tensor([[False, False, True]]), torch.tensor([0]), 1)  # group 0 of 1: data
+    stats.add(torch.tensor([[True, True]]), torch.tensor([1]), 1)  # past the last group: not counted
     assert all(isinstance(h, torch.Tensor) for h in stats._counts[torch.device("cpu")].hits)
     assert stats.read_and_reset() == 4 / 7
     assert stats.read_and_reset() is None
@@ -22,7 +22,7 @@ def test_pending_counts_fold_without_a_read():
     stats = Map4Stats()
     for _ in range(1000):
         stats.add(torch.tensor([[True, False, False]]))
-        stats.add(torch.tensor([[True, True], [True, True]]), valid_rows=torch.tensor([True, False]))
+        stats.add(torch.tensor([[True, True], [True, True]]), torch.tensor([1, 2]), 2)
     counts = stats._counts[torch.device("cpu")]
     assert len(counts.hits) < 64 and len(counts.device_totals) < 64
     assert stats.read_and_reset() == 3000 / 5000

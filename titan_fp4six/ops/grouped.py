@@ -54,7 +54,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
     w, w_amax = _expert_weights(B_t, r.quantizer)
     wq, w_map4 = quantize_46(w, w_amax.repeat_interleave(n), r.weight_block, r, decode, weight=True)
-    MAP4_STATS.add(a_map4, valid_rows=group_of_row < experts)
+    MAP4_STATS.add(a_map4, group_of_row, experts)
     MAP4_STATS.add(w_map4)
     out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row

@@ -33,15 +33,17 @@ class Map4Stats:
         self.enabled = True
         self._counts: dict[torch.device, _Counts] = {}
 
-    def add(self, map4: torch.Tensor, valid_rows: torch.Tensor | None = None) -> None:
-        """Count a (R, C/16) bool map-to-4 mask; `valid_rows` (R,) bool drops rows that are not data."""
+    def add(self, map4: torch.Tensor, group_of_row: torch.Tensor | None = None, groups: int = 0) -> None:
+        """Count a (R, C/16) bool map-to-4 mask; with `group_of_row` (R,), rows of group >= `groups` (past the
+        last token group) are not data and are dropped (the mask for it is formed only while counting)."""
         if not self.enabled or map4 is None:
             return
         counts = self._counts.setdefault(map4.device, _Counts())
-        if valid_rows is None:
+        if group_of_row is None:
             counts.hits.append(map4.sum())
             counts.host_total += map4.numel()
         else:
+            valid_rows = group_of_row < groups
             counts.hits.append((map4 & valid_rows[:, None]).sum())
             counts.device_totals.append(valid_rows.sum() * map4.shape[1])
             counts.device_totals = _fold(counts.device_totals)
