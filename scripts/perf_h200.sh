@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The performance table of docs/performance.md (issue 18) in one sitting on one GPU, every ratio against a twin
-# measured in the same invocation (about 8 minutes on an H200):
+# measured in the same invocation (about 12 minutes on an H200):
 #   1. kernels: the GEMM epilogue and row amax against a copy of the same bytes (scripts/bench_kernels.py);
 #   2. ops: 1024^3 four_over_six_linear fwd+bwd per backward mode vs bf16 F.linear, public quantize host time
 #      (scripts/bench_ops.py);
 #   3. recipes, eager, one after another: DeepSeek-V3 debug (all Linears + experts 4/6, quantized and dequantized
-#      backward) and Qwen3 MoE debug 4/6 against their bf16 twins; then the Qwen3-30B-A3B-shaped 4-layer flavor,
-#      experts 4/6 vs bf16, eager and (COMPILED=1) compiled (scripts/throughput.py: median tps after warm-up,
-#      peak memory);
+#      backward) and Qwen3 MoE debug 4/6 against their bf16 twins, the list REPEAT times over (default 2: these
+#      host-bound runs vary from run to run; scripts/throughput.py --repeat); then the Qwen3-30B-A3B-shaped
+#      4-layer flavor, experts 4/6 vs bf16, eager and (COMPILED=1) compiled (scripts/throughput.py: median tps
+#      after warm-up, peak memory);
 #   4. one profiled step of the DeepSeek-V3 and Qwen3 4/6 recipes (scripts/profile_recipes.sh).
 # Usage, from the repository root with torchtitan importable:
 #   bash scripts/perf_h200.sh OUT_DIR [kernels ops debug 30b profiles]   (the parts to run; default all)
@@ -24,12 +25,13 @@ part() { [[ "$PARTS" == *" $1 "* ]]; }
 
 part kernels && python3 scripts/bench_kernels.py --only epilogue --rounds 2 2>&1 | tee "$OUT/kernels.md"
 part ops && python3 scripts/bench_ops.py --json "$OUT/ops.json" 2>&1 | tee "$OUT/ops.txt"
-part debug && python3 -m scripts.throughput --out "$OUT/debug" --modes eager --steps "$STEPS" --warmup 10 --budget "${DEBUG_BUDGET:-220}" \
+part debug && python3 -m scripts.throughput --out "$OUT/debug" --modes eager --steps "$STEPS" --warmup 10 \
+  --repeat "${REPEAT:-2}" --budget "${DEBUG_BUDGET:-440}" \
   --run "DeepSeek bf16=${DS}_bf16.toml" --run "DeepSeek 4/6 all Linears=${DS}_nvfp4_four_over_six_all_linears.toml" \
   --run "DeepSeek 4/6 dequantized=${DS}_nvfp4_four_over_six_dequantized.toml" \
   --run "Qwen3 MoE bf16=${QW}_bf16.toml" --run "Qwen3 MoE 4/6=${QW}_nvfp4_four_over_six.toml" 2>&1 | tee "$OUT/debug.txt"
 part 30b && python3 -m scripts.throughput --out "$OUT/30b" --modes "eager${COMPILED:+,compiled}" --steps 20 --warmup 8 \
-  --budget "${BIG_BUDGET:-150}" --run "bf16=${QW}_bf16.toml" --run "4/6 experts=${QW}_nvfp4_four_over_six.toml" \
+  --budget "${BIG_BUDGET:-420}" --run "bf16=${QW}_bf16.toml" --run "4/6 experts=${QW}_nvfp4_four_over_six.toml" \
   -- --model.flavor 30B-A3B-4layers --experimental.custom_import titan_fp4six.integration.flavors \
   --training.local_batch_size 4 --training.seq_len 2048 2>&1 | tee "$OUT/30b.txt"
 # the bf16 twins' steps do not run the plugin: PROFILE_TWINS=1 profiles them too

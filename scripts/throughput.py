@@ -11,6 +11,12 @@ GPU), eager and then with `--compile.enable` (`--modes eager` or `--modes compil
 median of torchtitan's per-step tps after the first `--warmup` steps (compilation and allocator warm-up);
 memory is the largest per-step peak of reserved device memory torchtitan reports. Ratios are to the first
 --run in the same mode and to the first --run eager; all numbers come from the same invocation.
+
+`--repeat N` trains the list N times over, in turn (bf16, 4/6, bf16, 4/6, ...): on the H200 machine here the
+host speed of a process varies from run to run (DeepSeek-V3 4/6, host-bound, gave 105k-147k tps in seven runs
+of one recipe), so one pair can mislead. A repeated run's tps is the median over its trials, its memory the
+largest, and "vs first same mode" the median of the ratios of trials run back to back (trial i against the
+first run's trial i), with their range.
 """
 
 import json
@@ -34,6 +40,27 @@ def summarize(rows: list[dict], warmup: int) -> dict:
             "losses": [r["loss"] for r in rows]}
 
 
+def combine(trials: list[dict]) -> dict:
+    """One run's trials as one entry: median tps and MFU, largest memory, the trials kept for paired ratios."""
+    tps = [t["tps"] for t in trials if t["tps"]]
+    mem = [t["memory_gib"] for t in trials if t["memory_gib"]]
+    mfu = [t["mfu"] for t in trials if t.get("mfu")]
+    return {**trials[0], "tps": statistics.median(tps) if tps else None, "memory_gib": max(mem) if mem else None,
+            "mfu": statistics.median(mfu) if mfu else None,
+            "exit_code": next((t["exit_code"] for t in trials if t["exit_code"]), 0), "trials": trials}
+
+
+def paired_ratio(r: dict, ref: dict) -> str:
+    """tps / the reference's tps, trial by trial (same repetition, back to back): the median and, with more than
+    one pair, the range."""
+    pairs = [a["tps"] / b["tps"] for a, b in zip(r.get("trials", [r]), ref.get("trials", [ref]))
+             if a["tps"] and b.get("tps")]
+    if not pairs:
+        return "-"
+    spread = f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 1 else ""
+    return f"{statistics.median(pairs):.2f}x{spread}"
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (run, mode) with tps, memory and the two ratios."""
     labels = list(dict.fromkeys(k.split(" | ")[0] for k in results))
@@ -54,9 +81,12 @@ def table(results: dict) -> str:
                 continue
             ref = results.get(f"{first} | {mode}", {})
             tps = f"{r['tps']:,.0f}" if r["tps"] else f"failed (exit {r['exit_code']})"
+            if r["tps"] and len(r.get("trials", ())) > 1:
+                tps += f" (trials {min(t['tps'] or 0 for t in r['trials']):,.0f}-" \
+                       f"{max(t['tps'] or 0 for t in r['trials']):,.0f})"
             mem = f"{r['memory_gib']:.1f}" if r["memory_gib"] else "-"
             mfu = f"{r['mfu']:.1f}" if r.get("mfu") else "-"
-            lines.append(f"| {label} | {mode} | {tps} | {ratio(r['tps'], ref.get('tps'))} | "
+            lines.append(f"| {label} | {mode} | {tps} | {paired_ratio(r, ref)} | "
                          f"{ratio(r['tps'], ref_eager)} | {mem} | {ratio(r['memory_gib'], ref.get('memory_gib'))} | "
                          f"{mfu} |")
     return "\n".join(lines)
@@ -92,6 +122,7 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default="eager,compiled", help="comma list of: " + ", ".join(MODES))
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=1, help="train the list of runs this many times, in turn")
     p.add_argument("--timeout", type=float, default=None, help="seconds per training before it is stopped")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for all trainings together; a run that would start with under 15 s left is skipped")
@@ -107,24 +138,28 @@ def main(argv=None) -> None:
         if unknown or not args.run:
             p.error(f"--modes must be from {sorted(MODES)} (got {sorted(unknown)}) and at least one --run given")
         common = ["--training.steps", str(args.steps), "--metrics.log_freq", "1", *common]
-        results = {}
+        trials = {}
         deadline = time.monotonic() + args.budget if args.budget else None
         for mode in modes:  # eager runs first: they are the ones the budget must not cut
-            for run in args.run:
-                r = Run(f"{run.label} | {mode}", run.config, run.overrides + MODES[mode])
-                timeout = args.timeout
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left < 15:
-                        print(f"{r.label}: skipped, budget spent", file=sys.stderr)
-                        continue
-                    timeout = min(timeout or left, left)
-                log = args.out / f"throughput_{r.slug}.log"
-                proc = start(r, common, log)
-                code = wait(proc, timeout)
-                results[r.label] = {**summarize(parse_steps(log.read_text()), args.warmup), "exit_code": code,
-                                    "log": log.name, "config": run.config, "overrides": r.overrides}
-                print(f"{r.label}: {results[r.label]['tps']} tps, exit {code}", file=sys.stderr, flush=True)
+            for rep in range(args.repeat):
+                for run in args.run:
+                    r = Run(f"{run.label} | {mode}", run.config, run.overrides + MODES[mode])
+                    timeout = args.timeout
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left < 15:
+                            print(f"{r.label}: skipped, budget spent", file=sys.stderr)
+                            continue
+                        timeout = min(timeout or left, left)
+                    log = args.out / f"throughput_{r.slug}{f'_{rep + 1}' if args.repeat > 1 else ''}.log"
+                    proc = start(r, common, log)
+                    code = wait(proc, timeout)
+                    trial = {**summarize(parse_steps(log.read_text()), args.warmup), "exit_code": code,
+                             "log": log.name, "config": run.config, "overrides": r.overrides}
+                    trials.setdefault(r.label, []).append(trial)
+                    print(f"{r.label} ({rep + 1}/{args.repeat}): {trial['tps']} tps, exit {code}", file=sys.stderr,
+                          flush=True)
+        results = {label: combine(ts) for label, ts in trials.items()}
         json_path.write_text(json.dumps({"common": common, "results": results}, indent=1))
     results = results["results"] if "results" in results else results
     md = table(results)

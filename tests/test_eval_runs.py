@@ -79,6 +79,20 @@ def test_throughput_table_ratios():
     assert "failed (exit -15)" in lines[5]
 
 
+def test_throughput_repeats_pair_trials_run_back_to_back():
+    def t(tps, mem):
+        return {"tps": tps, "memory_gib": mem, "mfu": tps and tps / 100, "exit_code": 0}
+
+    # the host slows down in the second repetition: the paired ratios see 0.80 both times, the medians 0.67
+    results = {"bf16 | eager": throughput.combine([t(1000, 50), t(600, 51)]),
+               "4/6 | eager": throughput.combine([t(800, 55), t(480, 54)])}
+    assert results["4/6 | eager"]["tps"] == 640 and results["4/6 | eager"]["memory_gib"] == 55
+    lines = throughput.table(results).splitlines()
+    assert "| 4/6 | eager | 640 (trials 480-800) | 0.80x (0.80-0.80) |" in lines[3]
+    results["4/6 | eager"] = throughput.combine([t(800, 55), t(300, 54), t(None, None)])
+    assert "0.65x (0.50-0.80)" in throughput.table(results)  # the missing trial has no pair
+
+
 def test_benchmark_flavor_is_30b_a3b_with_four_layers():
     from torchtitan.models.qwen3 import qwen3_args
     from torchtitan.protocols.train_spec import get_train_spec
