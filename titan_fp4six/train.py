@@ -43,21 +43,27 @@ def check_world_size(parallelism, world_size: int) -> None:
                          "lower the degrees")
 
 
-def main() -> None:
+def prepare_process() -> None:
+    """What both launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
+    twins alike (so their ratios share the settings): the allocator's expandable segments (before any CUDA
+    allocation), the CPU patches without a GPU, the rendezvous of one rank, and backward on this thread."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
+    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
 
-    expandable_segments_by_default()  # before any CUDA allocation; bf16 twins too, so their ratios share it
+    expandable_segments_by_default()
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
 
         cpu.apply()
     _single_process_env()
+    run_backward_on_calling_thread()
+
+
+def main() -> None:
+    prepare_process()
     from titan_fp4six.integration import data
 
     data.register()  # the embedded corpus, also for recipes without the plugin's config module
-    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-
-    run_backward_on_calling_thread()  # every run of this launcher, bf16 twins too: their ratios share the setting
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
