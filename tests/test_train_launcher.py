@@ -65,6 +65,18 @@ def test_expandable_segments_by_default_leaves_a_users_setting():
         assert env == {name: "max_split_size_mb:128"}
 
 
+def test_converters_hint_when_a_cuda_run_has_no_allocator_setting(monkeypatch, caplog):
+    from titan_fp4six.integration import allocator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    allocator._warn_once.cache_clear()
+    allocator.hint_without_expandable_segments({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    assert "PYTORCH_ALLOC_CONF is not set" not in caplog.text  # the user chose
+    allocator.hint_without_expandable_segments({})
+    allocator.hint_without_expandable_segments({})
+    assert caplog.text.count("PYTORCH_ALLOC_CONF is not set") == 1  # once per process, not per converter
+
+
 _PRINT_ALLOC_ENV = ("import os, sys, runpy, torchtitan.train as tt; "
                     "tt.main = lambda trainer: print('ALLOC', os.environ.get('PYTORCH_ALLOC_CONF'), "
                     "os.environ.get('PYTORCH_CUDA_ALLOC_CONF')); runpy.run_module(sys.argv[1], run_name='__main__')")
