@@ -18,16 +18,20 @@ EXPANDABLE = "expandable_segments:True"
 _log = logging.getLogger(__name__)
 
 
+def _user_chose(env) -> bool:
+    return any(name in env for name in ALLOC_ENVS)
+
+
 def expandable_segments_by_default(env=os.environ) -> None:
     """Set PYTORCH_ALLOC_CONF=expandable_segments:True unless either allocator variable is set already (a
     user's setting wins). Read when CUDA allocates first: call it before any CUDA tensor exists."""
-    if not any(name in env for name in ALLOC_ENVS):
+    if not _user_chose(env):
         env[ALLOC_ENVS[0]] = EXPANDABLE
 
 
 def hint_without_expandable_segments(env=os.environ) -> None:
     """Log a hint when a CUDA run was started with no allocator setting (torchtitan.train launched directly)."""
-    if torch.cuda.is_available() and not any(name in env for name in ALLOC_ENVS):
+    if torch.cuda.is_available() and not _user_chose(env):
         _warn_once()
 
 
