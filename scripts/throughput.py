@@ -81,9 +81,9 @@ def table(results: dict) -> str:
                 continue
             ref = results.get(f"{first} | {mode}", {})
             tps = f"{r['tps']:,.0f}" if r["tps"] else f"failed (exit {r['exit_code']})"
-            if r["tps"] and len(r.get("trials", ())) > 1:
-                tps += f" (trials {min(t['tps'] or 0 for t in r['trials']):,.0f}-" \
-                       f"{max(t['tps'] or 0 for t in r['trials']):,.0f})"
+            measured = [t["tps"] for t in r.get("trials", ()) if t["tps"]]
+            if len(measured) > 1:
+                tps += f" (trials {min(measured):,.0f}-{max(measured):,.0f})"
             mem = f"{r['memory_gib']:.1f}" if r["memory_gib"] else "-"
             mfu = f"{r['mfu']:.1f}" if r.get("mfu") else "-"
             lines.append(f"| {label} | {mode} | {tps} | {paired_ratio(r, ref)} | "

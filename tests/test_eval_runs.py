@@ -90,7 +90,8 @@ def test_throughput_repeats_pair_trials_run_back_to_back():
     lines = throughput.table(results).splitlines()
     assert "| 4/6 | eager | 640 (trials 480-800) | 0.80x (0.80-0.80) |" in lines[3]
     results["4/6 | eager"] = throughput.combine([t(800, 55), t(300, 54), t(None, None)])
-    assert "0.65x (0.50-0.80)" in throughput.table(results)  # the missing trial has no pair
+    md = throughput.table(results)
+    assert "0.65x (0.50-0.80)" in md and "(trials 300-800)" in md  # the failed trial has no pair and no tps
 
 
 def test_benchmark_flavor_is_30b_a3b_with_four_layers():
