@@ -24,6 +24,27 @@ def test_chunks_per_program_divide_the_row_and_fill_the_gpu():
             assert chunks == 1 or row_groups * (chunk_cols // chunks) >= MIN_PROGRAMS
 
 
+def test_generated_key_separates_what_triton_specializes_on():
+    """The generated key (pure Python, CPU tensors): equal for arguments Triton compiles alike, different for
+    each thing it specializes on, and a tensor subclass keyed like a tensor."""
+    from titan_fp4six.kernels.launch import _key_function
+
+    key = _key_function(("constexpr", "int_specialized", "int", "int_specialized"))
+    buf = torch.zeros(64)
+    base = key(0, (), 4, buf, 7, 3)
+    assert key(0, (), 4, torch.zeros(8), 9, 5) == base  # other data, int 7 -> 9 (not specialized), 3 -> 5
+    assert key(0, (), 4, torch.nn.Parameter(torch.zeros(8)), 7, 3) == base
+    for changed in [key(1, (), 4, buf, 7, 3), key(0, (("num_warps", 2),), 4, buf, 7, 3),
+                    key(0, (), 5, buf, 7, 3),  # constexpr value
+                    key(0, (), 4, buf.to(torch.bfloat16), 7, 3), key(0, (), 4, buf[1:], 7, 3),  # dtype, alignment
+                    key(0, (), 4, buf, 2 ** 31, 3),  # a 64-bit integer
+                    key(0, (), 4, buf, 7, 1), key(0, (), 4, buf, 7, 32),  # 1, multiple of 16
+                    key(0, (), 4, buf, 7, 3.0), key(0, (), 4, buf, 7, True), key(0, (), 4, buf, 7, None)]:
+        assert changed != base
+    assert key(0, (), 4, buf, 7, 32) == key(0, (), 4, buf, 7, 48)
+    assert key(0, (), 4, buf, 7, 3.0) == key(0, (), 4, buf, 7, 2.5)  # floats: by type only
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fast_launch_keys_every_specialization_and_matches_triton_cuda():
