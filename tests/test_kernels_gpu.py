@@ -123,6 +123,30 @@ def test_amax_kernels_match_torch(dtype):
     groups = dispatch.group_amax(x, offs)
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
+    x[260] = float("nan")  # a row past the last group: not a token, its amax is 0 whatever it holds
+    tokens = ka.row_amax(x, offs)
+    assert torch.equal(tokens[:250], ka.row_amax(x)[:250]) and not tokens[250:].any()
+
+
+def test_dense_amaxes_kernel_matches_the_reference():
+    """The dense GEMM's amaxes vector (x's per tensor or per row, then the weight's) from the kernels equals the
+    reference's, bitwise, NaN included: x and W of different dtypes and sizes (more programs for one than the
+    other), an empty x, and recycled memory under the outputs."""
+    from titan_fp4six.dispatch.amax import run_dense_amaxes
+    from titan_fp4six.kernels import amax as ka
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(3000, 256, device="cuda", generator=g).bfloat16()
+    w = torch.randn(512, 256, device="cuda", generator=g) * 3
+    for xs, ws in ((x, w), (x[:0], w), (x, w.bfloat16()[:16])):
+        for row_scaled in (False, True):
+            x.new_full((4096,), float("nan"), dtype=torch.float32)  # freed at once
+            got = ka.dense_amaxes(xs, ws, row_scaled)
+            want = run_dense_amaxes(xs.cpu(), ws.cpu(), row_scaled)
+            assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (xs.shape, ws.shape, row_scaled)
+    x[17, 3] = float("nan")
+    tensor, rows = ka.dense_amaxes(x, w, False), ka.dense_amaxes(x, w, True)
+    assert tensor[0].isnan() and rows[17].isnan() and not rows[16].isnan()
+    assert torch.equal(tensor[1], w.abs().amax()) and torch.equal(rows[-1], w.abs().amax())
 
 
 def test_amax_check_kernel_gives_the_reference_verdict():

@@ -29,7 +29,8 @@ def _expected(t, amax, block, choose):
 def test_dense_scope_picks_the_operands_that_choose(scope):
     x, w = _data()
     recipe = FourOverSixRecipe(scope=scope).resolve(grouped=False)
-    _, xc, xs, x_amax, wc, ws, w_amax = torch.ops.titan_fp4six.dense_fwd(x, w[0], recipe.key)
+    _, xc, xs, wc, ws, amaxes = torch.ops.titan_fp4six.dense_fwd(x, w[0], recipe.key)
+    x_amax, w_amax = amaxes
     act, wgt = CHOOSERS[scope]
     for (codes, scales), t, amax, block, choose in (((xc, xs), x, x_amax, "1x16", act),
                                                      ((wc, ws), w[0], w_amax, "16x16", wgt)):

@@ -18,6 +18,19 @@ def run_tensor_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     return kernels.tensor_amax(x) if kernels else tensor_amax_reference(x)
 
 
+def run_dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool, quantizer: str = "auto") -> torch.Tensor:
+    """A dense GEMM's amaxes in one FP32 vector: max |x| (one, or one per row when row_scaled) then max |w|;
+    per-tensor, one kernel launch computes both."""
+    if torch.compiler.is_compiling() or not (x.is_contiguous() and w.is_contiguous()):
+        kernels = None
+    else:
+        kernels = kernels_for(x, quantizer, "amax", w)
+    if kernels is not None:
+        return kernels.dense_amaxes(x, w, row_scaled)
+    x_amax = row_amax_reference(x) if row_scaled else tensor_amax_reference(x).view(1)
+    return torch.cat((x_amax, tensor_amax_reference(w).view(1)))
+
+
 def _row_kernels(x: torch.Tensor, quantizer: str):
     """The amax kernels module where the row kernel takes x (eager, non-empty, unit column stride), else None."""
     if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
@@ -29,6 +42,15 @@ def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     """max |x| of each row of a 2-D tensor as an FP32 vector of length R."""
     kernels = _row_kernels(x, quantizer)
     return kernels.row_amax(x) if kernels else row_amax_reference(x)
+
+
+def run_token_row_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+    """max |x| of each row of a grouped GEMM's A, 0 for the rows at or past offs[-1] (not tokens: whatever they
+    hold, NaN included, never reaches an amax); one launch on CUDA. offs: inclusive group ends, non-empty."""
+    kernels = _row_kernels(x, quantizer)
+    if kernels:
+        return kernels.row_amax(x, offs)
+    return torch.where(torch.arange(x.shape[0], device=x.device) < offs[-1], row_amax_reference(x), 0.0)
 
 
 def run_amax_check(x: torch.Tensor, amax: torch.Tensor, quantizer: str = "auto") -> torch.Tensor | None:

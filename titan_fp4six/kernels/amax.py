@@ -22,18 +22,27 @@ def _abs_bits(x):
     return tl.abs(x.to(tl.float32)).to(tl.int32, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _tensor_amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    bits = _abs_bits(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
-    tl.atomic_max(out_ptr, tl.max(bits, 0))
+@triton.jit(do_not_specialize=["n", "m", "x_programs"])
+def _tensor_amax_kernel(x_ptr, y_ptr, out_ptr, n, m, x_programs, BLOCK: tl.constexpr):
+    """max |x| into out[0] and max |y| into out[1] (FP32 bits, atomics over zeros): the first x_programs
+    programs read x, the others y (one launch for both amaxes of a dense GEMM)."""
+    pid = tl.program_id(0)
+    if pid < x_programs:
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        bits = _abs_bits(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+        tl.atomic_max(out_ptr, tl.max(bits, 0))
+    else:
+        offs = (pid - x_programs).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        bits = _abs_bits(tl.load(y_ptr + offs, mask=offs < m, other=0.0))
+        tl.atomic_max(out_ptr + 1, tl.max(bits, 0))
 
 
-@triton.jit(do_not_specialize=["R"])  # C and stride specialized: vectorized loads when multiples of 16
-def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, R, C, stride, amax_stride, BR: tl.constexpr, BC: tl.constexpr,
-                     CHECK: tl.constexpr):
-    """max |x| of each row into out (FP32 bits); with CHECK, whether amax (per row, or one with amax_stride 0)
-    covers the data, as _check_verdict describes."""
+@triton.jit(do_not_specialize=["R", "end_index"])  # C and stride specialized: vectorized loads for multiples of 16
+def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, end_ptr, end_index, R, C, stride, amax_stride, BR: tl.constexpr,
+                     BC: tl.constexpr, CHECK: tl.constexpr, END: tl.constexpr):
+    """max |x| of each row into out (FP32 bits), 0 for rows at or past end_ptr[end_index] with END (a grouped
+    GEMM's rows past its last token group); with CHECK, whether amax (per row, or one with amax_stride 0) covers
+    the data, as _check_verdict describes."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     row_off = rows.to(tl.int64)[:, None] * stride
     acc = tl.zeros([BR], tl.int32)
@@ -45,6 +54,8 @@ def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, R, C, stride, amax_stride, BR: tl
         amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
         _check_verdict(out_ptr, acc.to(tl.float32, bitcast=True), amax, rows < R, amax_stride == 0)
     else:
+        if END:
+            acc = tl.where(rows < tl.load(end_ptr + end_index), acc, 0)
         tl.store(out_ptr + rows, acc, mask=rows < R)
 
 
@@ -67,28 +78,60 @@ _TENSOR_AMAX = FastLaunch(_tensor_amax_kernel)
 _ROW_AMAX = FastLaunch(_row_amax_kernel)
 
 
-def eligible(x: torch.Tensor) -> bool:
+def eligible(*xs: torch.Tensor) -> bool:
     """CUDA floating tensors the kernels take: contiguous (tensor amax) or 2-D with unit column stride (rows)."""
-    return x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return all(x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16) for x in xs)
+
+
+def _tensor_amax_into(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    """max |x| (and max |y|) as FP32 bits into the zeros of int32 out[0] (and out[1]); contiguous CUDA tensors."""
+    n, m = x.numel(), (0 if y is None else y.numel())
+    x_programs = triton.cdiv(n, TENSOR_BLOCK)
+    programs = x_programs + triton.cdiv(m, TENSOR_BLOCK)
+    if programs:
+        flat = x.reshape(-1)
+        _TENSOR_AMAX((programs, ), flat, flat if y is None else y.reshape(-1), out, n, m, x_programs, TENSOR_BLOCK,
+                     num_warps=8)
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| over a contiguous CUDA tensor as an FP32 scalar tensor (0 for an empty tensor)."""
     out = torch.zeros((), dtype=torch.int32, device=x.device)
-    n = x.numel()
-    if n:
-        _TENSOR_AMAX((triton.cdiv(n, TENSOR_BLOCK), ), x.reshape(-1), out, n, TENSOR_BLOCK, num_warps=8)
+    _tensor_amax_into(out, x)
     return out.view(torch.float32)
 
 
-def row_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| of each row of a 2-D CUDA tensor with unit column stride, as an FP32 vector."""
+def _row_amax_into(out: torch.Tensor, x: torch.Tensor, offs: torch.Tensor | None = None) -> None:
+    """max |x| of each of the R rows of x as FP32 bits into int32 out[:R] (0 for rows at or past offs[-1] when
+    offs is given); every row is stored (no fill)."""
+    rows, cols = x.shape
+    end = out if offs is None else offs
+    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, end, end.numel() - 1, rows, cols, x.stride(0), 0,
+              ROW_BLOCK_ROWS, ROW_BLOCK_COLS, False, offs is not None, num_warps=4)
+
+
+def row_amax(x: torch.Tensor, offs: torch.Tensor | None = None) -> torch.Tensor:
+    """max |x| of each row of a 2-D CUDA tensor with unit column stride, as an FP32 vector; with offs (a grouped
+    GEMM's inclusive group ends, int32), 0 for the rows at or past offs[-1]."""
     rows, cols = x.shape
     if not (rows and cols):
         return torch.zeros(rows, dtype=torch.float32, device=x.device)
-    out = torch.empty(rows, dtype=torch.int32, device=x.device)  # every row is stored: no fill launch
-    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, rows, cols, x.stride(0), 0, ROW_BLOCK_ROWS,
-              ROW_BLOCK_COLS, False, num_warps=4)
+    out = torch.empty(rows, dtype=torch.int32, device=x.device)
+    _row_amax_into(out, x, offs)
+    return out.view(torch.float32)
+
+
+def dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Tensor:
+    """A dense GEMM's amaxes as one FP32 vector: max |x| (per row if row_scaled) then max |w|; contiguous CUDA
+    x (M, K) and w. Per-tensor: both from one launch into one zero-filled buffer."""
+    rows = x.shape[0] if row_scaled else 1
+    out = torch.zeros(rows + 1, dtype=torch.int32, device=x.device)
+    if not row_scaled:
+        _tensor_amax_into(out, x, w)
+    else:
+        if rows and x.shape[1]:
+            _row_amax_into(out, x)
+        _tensor_amax_into(out[rows:], w)
     return out.view(torch.float32)
 
 
@@ -98,6 +141,6 @@ def amax_covers(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     2-D, non-empty, with unit column stride."""
     rows, cols = x.shape
     out = torch.zeros(3, dtype=torch.int32, device=x.device)
-    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, rows, cols, x.stride(0), amax.dim(),
-              ROW_BLOCK_ROWS, ROW_BLOCK_COLS, True, num_warps=4)
+    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, out, 0, rows, cols, x.stride(0), amax.dim(),
+              ROW_BLOCK_ROWS, ROW_BLOCK_COLS, True, False, num_warps=4)
     return out[2]

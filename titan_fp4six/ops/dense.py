@@ -10,7 +10,7 @@ functions below check their arguments once.
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_row_amax, run_tensor_amax
+from ..dispatch.amax import run_dense_amaxes, run_tensor_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.formats import STANDARD_BOUND
 from .checks import check_dense
@@ -24,30 +24,36 @@ from .stats import MAP4_STATS
 _F8 = torch.float8_e4m3fn
 
 
+def split_amaxes(amaxes: Tensor, row_scaled: bool) -> tuple[Tensor, Tensor]:
+    """(x's amax: () or (M,) when row_scaled, the weight's amax ()) as views of dense_fwd's amaxes vector."""
+    return (amaxes[:-1], amaxes[-1]) if row_scaled else (amaxes[0], amaxes[1])
+
+
 @compile_opaque_op("dense_fwd")
-def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype and
-    the forward's x codes, scales, amax and weight codes, scales, amax (what the backward modes save)."""
+def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype, then
+    what the backward modes save: the forward's x codes, scales, weight codes, scales, and both amaxes in one
+    FP32 vector (x's one or M, then the weight's: split_amaxes), computed together."""
     r = recipe_from_key(recipe)
     decode = decode_on(x.device, r.gemm)
-    x_amax = run_row_amax(x, r.quantizer) if r.row_scaled else run_tensor_amax(x, r.quantizer)
+    amaxes = run_dense_amaxes(x, weight, r.row_scaled, r.quantizer)
+    x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
     xq, x_map4 = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
-    w_amax = run_tensor_amax(weight, r.quantizer)
     wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
     MAP4_STATS.add(x_map4)
     MAP4_STATS.add(w_map4)
     out = gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r)
-    return out, xq.codes, xq.scales, x_amax, wq.codes, wq.scales, w_amax
+    return out, xq.codes, xq.scales, wq.codes, wq.scales, amaxes
 
 
 @dense_fwd.register_fake
 def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
-    u8, f32 = torch.uint8, torch.float32
+    u8 = torch.uint8
     row_scaled = recipe_from_key(recipe).row_scaled
     return (x.new_empty(m, n), x.new_empty(m, k // 2, dtype=u8), x.new_empty(m, k // 16, dtype=_F8),
-            x.new_empty((m,) if row_scaled else (), dtype=f32), x.new_empty(n, k // 2, dtype=u8),
-            x.new_empty(n, k // 16, dtype=_F8), x.new_empty((), dtype=f32))
+            x.new_empty(n, k // 2, dtype=u8), x.new_empty(n, k // 16, dtype=_F8),
+            x.new_empty((m if row_scaled else 1) + 1, dtype=torch.float32))
 
 
 def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOverSixRecipe, x_dtype, w_dtype,
@@ -74,11 +80,11 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
 
 @compile_opaque_op("dense_bwd")
 def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tensor | None,
-              x_scales: Tensor | None, x_amax: Tensor, w_codes: Tensor | None, w_scales: Tensor | None,
-              w_amax: Tensor, recipe: str, x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool,
-              need_dw: bool) -> tuple[Tensor, Tensor]:
+              x_scales: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None, amaxes: Tensor, recipe: str,
+              x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed."""
     r = recipe_from_key(recipe)
+    x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
     if r.backward == "quantized":
         return _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r, x_dtype, w_dtype, need_dx,
                                 need_dw)
@@ -94,8 +100,7 @@ def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tens
 
 
 @dense_bwd.register_fake
-def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, recipe, x_dtype, w_dtype, need_dx,
-      need_dw):
+def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, amaxes, recipe, x_dtype, w_dtype, need_dx, need_dw):
     m, n = dy.shape
     k = x.shape[1] if x is not None else x_codes.shape[1] * 2
     dx = dy.new_empty(m, k, dtype=x_dtype) if need_dx else dy.new_empty(0)
@@ -106,15 +111,15 @@ def _(dy, x, weight, x_codes, x_scales, x_amax, w_codes, w_scales, w_amax, recip
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, recipe: FourOverSixRecipe):
-        out, xc, xs, xa, wc, ws, wa = dense_fwd(x, weight, recipe.key)
+        out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, recipe.key)
         if recipe.backward == "high_precision":
-            saved = (x, weight, None, None, xa, None, None, wa)
+            saved = (x, weight, None, None, None, None, amaxes)
         elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
-            saved = (None, None, xc, xs, xa, wc, ws, wa)
+            saved = (None, None, xc, xs, wc, ws, amaxes)
         elif recipe.weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
-            saved = (x, None, None, None, xa, wc, ws, wa)
+            saved = (x, None, None, None, wc, ws, amaxes)
         else:
-            saved = (x, weight, None, None, xa, None, None, wa)
+            saved = (x, weight, None, None, None, None, amaxes)
         ctx.save_for_backward(*saved)
         ctx.config = (recipe.key, x.dtype, weight.dtype)
         return out

@@ -9,7 +9,7 @@ tokens: no amax reads them, their output rows are zeros and their gradient rows 
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import group_index, run_group_amax, run_row_amax
+from ..dispatch.amax import group_index, run_group_amax, run_row_amax, run_token_row_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import expand_per_row
 from .checks import check_grouped, check_offs_values
@@ -26,7 +26,7 @@ def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: Four
     """(amax to save: (E,) per group or (M,) per row, amax per row (M,)); tail rows get 0 and are never read
     into a real row's amax."""
     if r.row_scaled:
-        rows = torch.where(group_of_row < offs.numel(), run_row_amax(A, r.quantizer), 0.0)
+        rows = run_token_row_amax(A, offs, r.quantizer)
         return rows, rows
     groups = run_group_amax(A, offs, r.quantizer, group_of_row)
     return groups, expand_per_row(groups, group_of_row)
