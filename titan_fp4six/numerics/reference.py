@@ -166,7 +166,7 @@ def scale_cast_reference(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, 
 
 def expand_per_row(values: torch.Tensor, group_of_row: torch.Tensor) -> torch.Tensor:
     """Per-group values (E,) -> per row (M,) by each row's group; rows of no group (id E, past offs[-1]) get 0."""
-    return torch.cat([values, values.new_zeros(1)])[group_of_row]
+    return torch.nn.functional.pad(values, (0, 1)).index_select(0, group_of_row)
 
 
 def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
