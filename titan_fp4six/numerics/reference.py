@@ -169,6 +169,13 @@ def expand_per_row(values: torch.Tensor, group_of_row: torch.Tensor) -> torch.Te
     return torch.nn.functional.pad(values, (0, 1)).index_select(0, group_of_row)
 
 
+def expand_per_expert_rows(values: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
+    """Per-expert values (E,) -> each of an expert's rows_per_expert rows of the flattened (E*N, K) weights: a
+    broadcast copy, one launch (repeat_interleave with a count builds and applies an index: 35-39 us of host time
+    on the H200 host)."""
+    return values[:, None].expand(-1, rows_per_expert).reshape(-1)
+
+
 def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
                                  group_of_row: torch.Tensor, scale_bound: int, dtype) -> torch.Tensor:
     """The emulated grouped GEMM's epilogue: prod (M, N) times fa * fw per row, fw = w_amax[expert] * fl(1/(6B)),

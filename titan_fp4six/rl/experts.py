@@ -23,6 +23,7 @@ from torch import Tensor
 from ..modules.autocast import autocast_operands, no_autocast
 from ..dispatch import four_over_six_quantize_decode, global_decode_factor, group_amax, row_amax
 from ..dispatch.amax import group_index
+from ..numerics.reference import expand_per_expert_rows
 from . import consistent
 
 _NAMES = ("w1", "w2", "w3")
@@ -39,7 +40,7 @@ def quantize_expert_weight(w: Tensor, recipe) -> tuple[Tensor, Tensor]:
     expert's own amax, the recipe's weight block) without the GEMM."""
     experts, n, k = w.shape
     amax = w.abs().amax(dim=(1, 2)).float()
-    decoded, _ = four_over_six_quantize_decode(w.reshape(experts * n, k).contiguous(), amax.repeat_interleave(n),
+    decoded, _ = four_over_six_quantize_decode(w.reshape(experts * n, k).contiguous(), expand_per_expert_rows(amax, n),
                                                block=recipe.weight_block, err_mode=recipe.err_mode,
                                                scale_bound=recipe.scale_bound, quantizer=recipe.quantizer,
                                                choose=recipe.weights_choose, validate_amax=False)
