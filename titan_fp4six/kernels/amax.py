@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import FastLaunch
+from .launch import FastLaunch, cdiv
 
 TENSOR_BLOCK = 8192
 ROW_BLOCK_ROWS = 16
@@ -86,8 +86,8 @@ def eligible(*xs: torch.Tensor) -> bool:
 def _tensor_amax_into(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
     """max |x| (and max |y|) as FP32 bits into the zeros of int32 out[0] (and out[1]); contiguous CUDA tensors."""
     n, m = x.numel(), (0 if y is None else y.numel())
-    x_programs = triton.cdiv(n, TENSOR_BLOCK)
-    programs = x_programs + triton.cdiv(m, TENSOR_BLOCK)
+    x_programs = cdiv(n, TENSOR_BLOCK)
+    programs = x_programs + cdiv(m, TENSOR_BLOCK)
     if programs:
         flat = x.reshape(-1)
         _TENSOR_AMAX((programs, ), flat, flat if y is None else y.reshape(-1), out, n, m, x_programs, TENSOR_BLOCK,
@@ -106,7 +106,7 @@ def _row_amax_into(out: torch.Tensor, x: torch.Tensor, offs: torch.Tensor | None
     offs is given); every row is stored (no fill)."""
     rows, cols = x.shape
     end = out if offs is None else offs
-    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, end, end.numel() - 1, rows, cols, x.stride(0), 0,
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, end, end.numel() - 1, rows, cols, x.stride(0), 0,
               ROW_BLOCK_ROWS, ROW_BLOCK_COLS, False, offs is not None, num_warps=4)
 
 
@@ -141,6 +141,6 @@ def amax_covers(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     2-D, non-empty, with unit column stride."""
     rows, cols = x.shape
     out = torch.zeros(3, dtype=torch.int32, device=x.device)
-    _ROW_AMAX((triton.cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, out, 0, rows, cols, x.stride(0), amax.dim(),
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, out, 0, rows, cols, x.stride(0), amax.dim(),
               ROW_BLOCK_ROWS, ROW_BLOCK_COLS, True, False, num_warps=4)
     return out[2]

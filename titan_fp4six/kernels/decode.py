@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
-from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
 # A program decodes 8 rows x 32 blocks (4096 values), two blocks per thread: 8-byte code loads, 32-byte stores.
 BLOCK_ROWS = 8
@@ -76,7 +76,7 @@ def _decode(codes, scales, amax, scale_bound, dtype):
     rows, half = codes.shape
     nblk = half // 8
     out = torch.empty(rows, half * 2, dtype=dtype, device=codes.device)
-    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(nblk, BLOCK_BLOCKS))
+    grid = (cdiv(rows, BLOCK_ROWS), cdiv(nblk, BLOCK_BLOCKS))
     if grid[1] > MAX_GRID_Y:
         raise ValueError(f"codes of shape {tuple(codes.shape)} need {grid[1]} programs along a row; the grid takes "
                          f"at most {MAX_GRID_Y}")

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .bits import f32_reciprocal
 from .decode import OUT_KIND, bf16_rne
-from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
@@ -68,7 +68,7 @@ def eligible(acc: torch.Tensor) -> bool:
 def _launch(acc, a_amax, a_mode, b_amax, group_of_row, a_bound, b_bound, dtype):
     m, n = acc.shape
     out = torch.empty(m, n, dtype=dtype, device=acc.device)
-    grid = (triton.cdiv(m, BLOCK_ROWS), triton.cdiv(n, BLOCK_COLS))
+    grid = (cdiv(m, BLOCK_ROWS), cdiv(n, BLOCK_COLS))
     if grid[1] > MAX_GRID_Y:
         raise ValueError(f"a product of shape {(m, n)} needs {grid[1]} programs along a row; the grid takes at most "
                          f"{MAX_GRID_Y}")

@@ -18,6 +18,12 @@ import torch
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec rounds each operation: no contraction of a*b + c into an FMA
 
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host integers for grids: triton.cdiv is a constexpr function whose wrapper costs ~2 us
+    a call on the host (22 calls per dense GEMM's forward and backward)."""
+    return -(-a // b)
+
 try:
     from triton import knobs as _knobs
 except ImportError:  # older Triton: no hooks object to consult; never take the direct path
@@ -28,8 +34,12 @@ def _hooks_installed() -> bool:
     """Whether launch hooks are installed (None or an empty HookChain, by Triton version, means none)."""
     if _knobs is None:
         return True
-    return any(hook is not None and bool(getattr(hook, "calls", True))
-               for hook in (_knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook))
+    runtime = _knobs.runtime
+    return _active(runtime.launch_enter_hook) or _active(runtime.launch_exit_hook)
+
+
+def _active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _runtime_key(arg):
@@ -80,7 +90,7 @@ class FastLaunch:
         if self._kinds is None or len(args) != len(self._kinds) or _hooks_installed():
             self.fn[grid](*args, **options)
             return
-        key = self._key(torch.cuda.current_device(), tuple(options.items()), *args)
+        key = self._key(torch._C._cuda_getDevice(), tuple(options.items()), *args)  # current_device() sans lazy init
         kernel = self._compiled.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, **options)

@@ -20,7 +20,7 @@ import triton.language as tl
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
 from .decode import e4m3_value
-from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch
+from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
 
 class Launch(NamedTuple):
@@ -693,7 +693,7 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
     map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
-    row_groups, chunk_cols = triton.cdiv(rows, launch.rows), triton.cdiv(nblk, launch.blocks)
+    row_groups, chunk_cols = cdiv(rows, launch.rows), cdiv(nblk, launch.blocks)
     chunks = _chunks_per_program(chunk_cols, row_groups, launch.most_chunks)
     if chunk_cols // chunks > MAX_GRID_Y:
         raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
