@@ -111,7 +111,8 @@ def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, amaxes, recipe, x_dty
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, recipe: FourOverSixRecipe):
-        out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, recipe.key)
+        key = recipe.key
+        out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, key)
         if recipe.backward == "high_precision":
             saved = (x, weight, None, None, None, None, amaxes)
         elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
@@ -121,7 +122,7 @@ class _DenseFunction(torch.autograd.Function):
         else:
             saved = (x, weight, None, None, None, None, amaxes)
         ctx.save_for_backward(*saved)
-        ctx.config = (recipe.key, x.dtype, weight.dtype)
+        ctx.config = (key, x.dtype, weight.dtype)
         return out
 
     @staticmethod

@@ -113,12 +113,13 @@ def _(dy, A, B_t, offs, group_of_row, a_codes, a_scales, a_amax, w_codes, w_scal
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
-        out, ac, as_, aa, wc, ws, wa, group_of_row = grouped_fwd(A, B_t, offs, recipe.key)
+        key = recipe.key
+        out, ac, as_, aa, wc, ws, wa, group_of_row = grouped_fwd(A, B_t, offs, key)
         if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and row groups stay alive
             ctx.save_for_backward(None, None, offs, group_of_row, ac, as_, aa, wc, ws, wa)
         else:
             ctx.save_for_backward(A, B_t, offs, group_of_row, None, None, None, None, None, None)
-        ctx.config = (recipe.key, A.dtype, B_t.dtype)
+        ctx.config = (key, A.dtype, B_t.dtype)
         return out
 
     @staticmethod

@@ -85,7 +85,7 @@ class FourOverSixRecipe:
     @property
     def key(self) -> str:
         """The recipe as one string (knob values in field order), the form the custom ops take."""
-        return ",".join(str(getattr(self, f.name)) for f in fields(self))
+        return ",".join([str(getattr(self, f.name)) for f in KNOBS])
 
 
 KNOBS = tuple(fields(FourOverSixRecipe))
