@@ -18,8 +18,8 @@ def _ptx(enable_fp_fusion: bool, four_six: bool) -> str:
 
     from titan_fp4six.kernels.quantize import _quantize_kernel
 
-    pointers = {"x_ptr": "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32", "scales_ptr": "*u8", "map4_ptr": "*u8",
-                "dec_ptr": "*i32"}
+    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1",
+                "dec_ptr": "*bf16"}  # as the launcher passes them (torch.bool is *i1)
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False,
                       MAP6_ONLY=False)

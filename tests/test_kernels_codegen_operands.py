@@ -34,8 +34,8 @@ def _quantizer_ptx(kind: int, four_six: bool, transposed: bool) -> str:
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
     launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
-    signature = {"x_ptr": "*i16" if transposed and kind else "*i32", "amax_ptr": "*fp32", "codes_ptr": "*i32",
-                 "scales_ptr": "*u8", "map4_ptr": "*u8", "dec_ptr": "*i32", "R": "i32", "NBLK": "i32",
+    signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32", "NBLK": "i32",
                  "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,

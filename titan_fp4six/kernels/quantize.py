@@ -532,7 +532,18 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
 
     TRANSPOSED (1x16 and NVFP4) quantizes x^T of a row-major x (M, K) in place: output row k is x's column k,
     its block b x[16b:16b+16, k] (rows from M on read as zeros), x_ptr addresses elements, row_words is x's row
-    stride in elements; only the loads differ (_load_column_words builds the same words), the rest is shared."""
+    stride in elements; only the loads differ (_load_column_words builds the same words), the rest is shared.
+
+    The launcher passes x, codes, map4 and the decode in their own dtypes (a host-side dtype view costs ~1 us
+    each); the kernel reads x as int32 words (int16 elements when TRANSPOSED reads a 16-bit x) and writes codes
+    and the decode as int32 words, scales and map4 as bytes."""
+    if TRANSPOSED and KIND != 0:
+        x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
+    else:
+        x_ptr = x_ptr.to(tl.pointer_type(tl.int32))
+    codes_ptr = codes_ptr.to(tl.pointer_type(tl.int32))
+    map4_ptr = map4_ptr.to(tl.pointer_type(tl.uint8))
+    dec_ptr = dec_ptr.to(tl.pointer_type(tl.int32))
     six_b = SIX_B
     if TILE16:  # (blocks, rows): the tile reductions run along axis 1
         rows = (tl.program_id(0) * BR + tl.arange(0, BR))[None, :]
@@ -682,11 +693,11 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place."""
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
-        words = x.view(torch.int16 if x.element_size() == 2 else torch.int32)  # element loads
+        row_words = x.stride(0)  # the kernel loads elements
         launch = COLUMN_LAUNCH
     else:
         rows, cols = x.shape
-        words = x.view(torch.int32)
+        row_words = x.stride(0) * x.element_size() // 4
         launch = LAUNCH[block if four_six else "nvfp4", decode]
     nblk = cols // 16
     codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=x.device)
@@ -699,11 +710,11 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
         raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
                          f"kernel's grid takes at most {MAX_GRID_Y}: split x")
     if rows and nblk:
-        _QUANTIZE((row_groups, chunk_cols // chunks), words, amax, codes.view(torch.int32), scales,
-                  scales if map4 is None else map4.view(torch.uint8), scales if dec is None else dec.view(torch.int32),
-                  rows, nblk, words.stride(0), amax.dim(), chunks, x.shape[0], _INPUT_KIND[x.dtype], four_six,
-                  block == "16x16", err_mode == "mse", 6.0 * scale_bound, f32_reciprocal(6.0 * scale_bound), decode,
-                  not transposed and x.data_ptr() % 16 == 0 and words.stride(0) % 4 == 0, x.is_cuda,
+        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, codes, scales, scales if map4 is None else map4,
+                  scales if dec is None else dec, rows, nblk, row_words, amax.dim(), chunks, x.shape[0],
+                  _INPUT_KIND[x.dtype], four_six, block == "16x16", err_mode == "mse", 6.0 * scale_bound,
+                  f32_reciprocal(6.0 * scale_bound), decode,
+                  not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
                   four_six and block == "16x16" and amax.dim() == 0, launch.rows, launch.blocks, transposed,
                   not choose, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
