@@ -101,16 +101,31 @@ def test_epilogue_vectorizes_rows():
     _check_rounding(fast)
 
 
-@pytest.mark.parametrize("check, end", [(False, False), (False, True), (True, False)])
-def test_row_amax_vectorizes_rows(check, end):
-    """Every mode of the row kernel (the row amax, with or without the grouped GEMM's end of tokens; the public
-    amax check, with its atomics) compiles for sm_90 and reads rows 16 bytes at a time."""
+@pytest.mark.parametrize("check", [False, True])
+def test_row_amax_vectorizes_rows(check):
+    """Both modes of the row kernel (the row amax; the public amax check, with its atomics) compile for sm_90
+    and read rows 16 bytes at a time."""
     from titan_fp4six.kernels import amax as ka
 
-    assert {p.name for p in ka._row_amax_kernel.params if p.do_not_specialize} == {"R", "end_index"}
-    signature = {"x_ptr": "*bf16", "out_ptr": "*i32", "amax_ptr": "*fp32", "end_ptr": "*i32", "end_index": "i32",
-                 "R": "i32", "C": "i32", "stride": "i32", "amax_stride": "i32"}
-    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, CHECK=check, END=end)
+    assert {p.name for p in ka._row_amax_kernel.params if p.do_not_specialize} == {"R"}
+    signature = {"x_ptr": "*bf16", "out_ptr": "*i32", "amax_ptr": "*fp32", "R": "i32", "C": "i32", "stride": "i32",
+                 "amax_stride": "i32"}
+    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, CHECK=check)
     ptx = _compile(ka._row_amax_kernel, signature, constexprs, 4, divisible=("x_ptr", "out_ptr", "C", "stride"))
     assert _accesses(ptx, "ld")[".v4"] > 0
     assert ("atom" in ptx) == check
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_token_groups_vectorizes_rows(per_row):
+    """The grouped GEMM's token-group kernel reads rows 16 bytes at a time like the row kernel; per group it
+    reduces with atomics, per row it stores."""
+    from titan_fp4six.kernels import amax as ka
+
+    assert {p.name for p in ka._token_groups_kernel.params if p.do_not_specialize} == {"R", "E"}
+    signature = {"x_ptr": "*bf16", "offs_ptr": "*i32", "group_ptr": "*i64", "out_ptr": "*i32", "R": "i32",
+                 "C": "i32", "stride": "i32", "E": "i32"}
+    constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, EP=8, PER_ROW=per_row)
+    ptx = _compile(ka._token_groups_kernel, signature, constexprs, 4, divisible=("x_ptr", "C", "stride"))
+    assert _accesses(ptx, "ld")[".v4"] > 0
+    assert ("atom" in ptx) != per_row

@@ -76,6 +76,20 @@ def test_amax_helpers():
     offs = torch.tensor([1, 1, 3], dtype=torch.int32)
     assert group_amax(x, offs).tolist() == [3.0, 0.0, 7.0]
     assert group_amax(x.bfloat16(), offs).dtype == torch.float32
+    with pytest.raises(TypeError, match="offs must be a non-empty 1-D int32"):
+        group_amax(x, offs.long())
+
+
+def test_token_groups_reference():
+    """A grouped GEMM's A by token group: each row's group (E past offs[-1]) and the amax per row (0 past
+    offs[-1], whatever the row holds) or per group (0 for an empty group)."""
+    from titan_fp4six.dispatch.amax import run_token_groups
+    x = torch.tensor([[1.0, -3.0], [2.0, 0.5], [-7.0, 1.0], [float("nan"), 9.0]])
+    offs = torch.tensor([1, 1, 3], dtype=torch.int32)
+    rows, group = run_token_groups(x, offs, per_row=True)
+    assert group.tolist() == [0, 2, 2, 3] and rows.tolist() == [3.0, 2.0, 7.0, 0.0]
+    groups, group = run_token_groups(x, offs, per_row=False)
+    assert group.tolist() == [0, 2, 2, 3] and groups.tolist() == [3.0, 0.0, 7.0]
 
 
 def test_empty_inputs_round_trip():

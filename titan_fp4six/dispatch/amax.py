@@ -44,13 +44,22 @@ def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     return kernels.row_amax(x) if kernels else row_amax_reference(x)
 
 
-def run_token_row_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
-    """max |x| of each row of a grouped GEMM's A, 0 for the rows at or past offs[-1] (not tokens: whatever they
-    hold, NaN included, never reaches an amax); one launch on CUDA. offs: inclusive group ends, non-empty."""
-    kernels = _row_kernels(x, quantizer)
+def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
+                     quantizer: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """A grouped GEMM's A by token group: (max |x| per row (R,), 0 for the rows at or past offs[-1], which are
+    not tokens: whatever they hold, NaN included, never reaches an amax; or with per_row=False per group (E,),
+    0 for empty groups; each row's group (group_index)). One launch on CUDA. offs: inclusive group ends (int32,
+    non-decreasing, non-empty)."""
+    kernels = _row_kernels(x, quantizer) if offs.is_contiguous() else None
     if kernels:
-        return kernels.row_amax(x, offs)
-    return torch.where(torch.arange(x.shape[0], device=x.device) < offs[-1], row_amax_reference(x), 0.0)
+        return kernels.token_groups(x, offs, per_row)
+    group = group_index(offs, x.shape[0])
+    rows = row_amax_reference(x)
+    if per_row:
+        return torch.where(group < offs.numel(), rows, 0.0), group
+    # Rows that are not tokens land in the extra bucket E, which is dropped: garbage or NaN there never leaks.
+    buckets = torch.zeros(offs.numel() + 1, dtype=torch.float32, device=x.device)
+    return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group
 
 
 def run_amax_check(x: torch.Tensor, amax: torch.Tensor, quantizer: str = "auto") -> torch.Tensor | None:
@@ -64,17 +73,3 @@ def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:
     """Group id of every row given inclusive group ends `offs`; rows at or past offs[-1] get len(offs)."""
     positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
     return torch.searchsorted(offs, positions, right=True)
-
-
-def run_group_amax(x: torch.Tensor, offs: torch.Tensor, quantizer: str = "auto",
-                   group_of_row: torch.Tensor | None = None) -> torch.Tensor:
-    """max |x| over the rows of each token group (FP32, length E); rows past offs[-1] never reach a group and
-    empty groups get 0. `offs` holds inclusive group ends (int32, non-decreasing); `group_of_row` is
-    group_index(offs, rows) when the caller has it already."""
-    num_groups = offs.numel()
-    per_row = run_row_amax(x, quantizer)
-    idx = (group_index(offs, x.shape[0]) if group_of_row is None else group_of_row).long()
-    out = torch.zeros(num_groups + 1, dtype=torch.float32, device=x.device)
-    # Tail rows land in the extra bucket num_groups, which is dropped: garbage or NaN there never leaks.
-    out = out.scatter_reduce(0, idx, per_row, reduce="amax", include_self=True)
-    return out[:num_groups]

@@ -159,4 +159,10 @@ def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     group, empty groups get 0. `offs` holds inclusive group ends (length E, int32, non-decreasing)."""
     if x.dim() != 2:
         raise ValueError(f"group_amax needs a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
-    return _amax.run_group_amax(x, offs)
+    if (not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1 or not offs.numel()
+            or offs.device != x.device):
+        got = (f"{offs.dtype} {tuple(offs.shape)} on {offs.device}" if isinstance(offs, torch.Tensor)
+               else type(offs).__name__)
+        raise TypeError(f"offs must be a non-empty 1-D int32 tensor of inclusive group ends on x's device ({x.device}), "
+                        f"got {got}")
+    return _amax.run_token_groups(x, offs, per_row=False)[0]

@@ -1,4 +1,4 @@
-"""Triton amax reductions (per tensor, per row) that read x once and never sync with the host.
+"""Triton amax reductions (per tensor, per row, per token group) that read x once and never sync with the host.
 
 max |x| is exact, so only NaN needs care: the max is taken over the FP32 bit patterns of |x| as int32,
 where every positive NaN lies above +Inf, so a NaN propagates and comes out as one of the input's own NaN
@@ -37,26 +37,50 @@ def _tensor_amax_kernel(x_ptr, y_ptr, out_ptr, n, m, x_programs, BLOCK: tl.const
         tl.atomic_max(out_ptr + 1, tl.max(bits, 0))
 
 
-@triton.jit(do_not_specialize=["R", "end_index"])  # C and stride specialized: vectorized loads for multiples of 16
-def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, end_ptr, end_index, R, C, stride, amax_stride, BR: tl.constexpr,
-                     BC: tl.constexpr, CHECK: tl.constexpr, END: tl.constexpr):
-    """max |x| of each row into out (FP32 bits), 0 for rows at or past end_ptr[end_index] with END (a grouped
-    GEMM's rows past its last token group); with CHECK, whether amax (per row, or one with amax_stride 0) covers
-    the data, as _check_verdict describes."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+@triton.jit
+def _row_max_bits(x_ptr, rows, R, C, stride, BR: tl.constexpr, BC: tl.constexpr):
+    """max |x| of each of the BR rows as FP32 bits (int32), 0 for rows at or past R."""
     row_off = rows.to(tl.int64)[:, None] * stride
     acc = tl.zeros([BR], tl.int32)
     for c0 in range(0, C, BC):
         cols = c0 + tl.arange(0, BC)
         x = tl.load(x_ptr + row_off + cols[None, :], mask=(rows < R)[:, None] & (cols < C)[None, :], other=0.0)
         acc = tl.maximum(acc, tl.max(_abs_bits(x), 1))
+    return acc
+
+
+@triton.jit(do_not_specialize=["R"])  # C and stride specialized: vectorized loads for multiples of 16
+def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, R, C, stride, amax_stride, BR: tl.constexpr, BC: tl.constexpr,
+                     CHECK: tl.constexpr):
+    """max |x| of each row into out (FP32 bits); with CHECK, whether amax (per row, or one with amax_stride 0)
+    covers the data, as _check_verdict describes."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    acc = _row_max_bits(x_ptr, rows, R, C, stride, BR, BC)
     if CHECK:
         amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
         _check_verdict(out_ptr, acc.to(tl.float32, bitcast=True), amax, rows < R, amax_stride == 0)
     else:
-        if END:
-            acc = tl.where(rows < tl.load(end_ptr + end_index), acc, 0)
         tl.store(out_ptr + rows, acc, mask=rows < R)
+
+
+@triton.jit(do_not_specialize=["R", "E"])
+def _token_groups_kernel(x_ptr, offs_ptr, group_ptr, out_ptr, R, C, stride, E, BR: tl.constexpr, BC: tl.constexpr,
+                         EP: tl.constexpr, PER_ROW: tl.constexpr):
+    """A grouped GEMM's A (R, C) with inclusive group ends offs (E,), in one read: each row's group into group_ptr
+    (int64: the number of ends at or below the row, as searchsorted(offs, row, right=True), so E for the rows at
+    or past offs[-1], which are not tokens) and max |x| as FP32 bits into out: per row (PER_ROW; 0 for rows that
+    are not tokens) or per group, by atomic max into zeros (rows that are not tokens never reach a group).
+    EP is E rounded up to a power of two."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    e = tl.arange(0, EP)
+    ends = tl.load(offs_ptr + e, mask=e < E, other=2147483647)
+    group = tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), axis=1)
+    tl.store(group_ptr + rows, group.to(tl.int64), mask=rows < R)
+    acc = _row_max_bits(x_ptr, rows, R, C, stride, BR, BC)
+    if PER_ROW:
+        tl.store(out_ptr + rows, tl.where(group < E, acc, 0), mask=rows < R)
+    else:
+        tl.atomic_max(out_ptr + group, acc, mask=(rows < R) & (group < E))
 
 
 @triton.jit
@@ -76,6 +100,7 @@ def _check_verdict(out_ptr, data, amax, valid, per_tensor):
 
 _TENSOR_AMAX = FastLaunch(_tensor_amax_kernel)
 _ROW_AMAX = FastLaunch(_row_amax_kernel)
+_TOKEN_GROUPS = FastLaunch(_token_groups_kernel)
 
 
 def eligible(*xs: torch.Tensor) -> bool:
@@ -101,24 +126,39 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return out.view(torch.float32)
 
 
-def _row_amax_into(out: torch.Tensor, x: torch.Tensor, offs: torch.Tensor | None = None) -> None:
-    """max |x| of each of the R rows of x as FP32 bits into int32 out[:R] (0 for rows at or past offs[-1] when
-    offs is given); every row is stored (no fill)."""
+def _row_amax_into(out: torch.Tensor, x: torch.Tensor) -> None:
+    """max |x| of each of the R rows of x as FP32 bits into int32 out[:R]; every row is stored (no fill)."""
     rows, cols = x.shape
-    end = out if offs is None else offs
-    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, end, end.numel() - 1, rows, cols, x.stride(0), 0,
-              ROW_BLOCK_ROWS, ROW_BLOCK_COLS, False, offs is not None, num_warps=4)
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, rows, cols, x.stride(0), 0, ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
+              False, num_warps=4)
 
 
-def row_amax(x: torch.Tensor, offs: torch.Tensor | None = None) -> torch.Tensor:
-    """max |x| of each row of a 2-D CUDA tensor with unit column stride, as an FP32 vector; with offs (a grouped
-    GEMM's inclusive group ends, int32), 0 for the rows at or past offs[-1]."""
+def row_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| of each row of a 2-D CUDA tensor with unit column stride, as an FP32 vector."""
     rows, cols = x.shape
     if not (rows and cols):
         return torch.zeros(rows, dtype=torch.float32, device=x.device)
     out = torch.empty(rows, dtype=torch.int32, device=x.device)
-    _row_amax_into(out, x, offs)
+    _row_amax_into(out, x)
     return out.view(torch.float32)
+
+
+def token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x| as FP32: per row (R,), 0 for rows at or past offs[-1], or per group (E,), 0 for empty groups;
+    each row's group, int64 (R,), E at or past offs[-1]) of a grouped GEMM's A: a 2-D CUDA tensor with unit
+    column stride; offs its inclusive group ends, int32 (E,), E >= 1, non-decreasing. One launch (and a fill
+    per group)."""
+    rows, cols = x.shape
+    experts = offs.numel()
+    group = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if per_row:
+        out = torch.empty(rows, dtype=torch.int32, device=x.device)
+    else:
+        out = torch.zeros(experts, dtype=torch.int32, device=x.device)
+    if rows:
+        _TOKEN_GROUPS((cdiv(rows, ROW_BLOCK_ROWS), ), x, offs, group, out, rows, cols, x.stride(0), experts,
+                      ROW_BLOCK_ROWS, ROW_BLOCK_COLS, 1 << (experts - 1).bit_length(), per_row, num_warps=4)
+    return out.view(torch.float32), group
 
 
 def dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Tensor:
@@ -141,6 +181,6 @@ def amax_covers(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     2-D, non-empty, with unit column stride."""
     rows, cols = x.shape
     out = torch.zeros(3, dtype=torch.int32, device=x.device)
-    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, out, 0, rows, cols, x.stride(0), amax.dim(),
-              ROW_BLOCK_ROWS, ROW_BLOCK_COLS, True, False, num_warps=4)
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, rows, cols, x.stride(0), amax.dim(), ROW_BLOCK_ROWS,
+              ROW_BLOCK_COLS, True, num_warps=4)
     return out[2]

@@ -9,7 +9,7 @@ tokens: no amax reads them, their output rows are zeros and their gradient rows 
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import group_index, run_group_amax, run_row_amax, run_token_row_amax
+from ..dispatch.amax import run_row_amax, run_token_groups
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import expand_per_expert_rows, expand_per_row
 from .checks import check_grouped, check_offs_values
@@ -20,16 +20,6 @@ from .recipe import FourOverSixRecipe, recipe_from_key
 from .stats import MAP4_STATS
 
 _F8 = torch.float8_e4m3fn
-
-
-def _activation_amax_rows(A: Tensor, offs: Tensor, group_of_row: Tensor, r: FourOverSixRecipe):
-    """(amax to save: (E,) per group or (M,) per row, amax per row (M,)); tail rows get 0 and are never read
-    into a real row's amax."""
-    if r.row_scaled:
-        rows = run_token_row_amax(A, offs, r.quantizer)
-        return rows, rows
-    groups = run_group_amax(A, offs, r.quantizer, group_of_row)
-    return groups, expand_per_row(groups, group_of_row)
 
 
 def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
@@ -48,8 +38,10 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     r = recipe_from_key(recipe)
     check_offs_values(offs, A.shape[0])
     experts, n = B_t.shape[0], B_t.shape[2]
-    group_of_row = group_index(offs, A.shape[0])
-    a_amax, a_amax_rows = _activation_amax_rows(A, offs, group_of_row, r)
+    # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
+    # token's amax
+    a_amax, group_of_row = run_token_groups(A, offs, r.row_scaled, r.quantizer)
+    a_amax_rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
     decode = decode_on(A.device, r.gemm)
     aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
     w, w_amax = _expert_weights(B_t, r.quantizer)

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..modules.autocast import autocast_operands, no_autocast
-from ..dispatch import four_over_six_quantize_decode, global_decode_factor, group_amax, row_amax
-from ..dispatch.amax import group_index
-from ..numerics.reference import expand_per_expert_rows
+from ..dispatch import four_over_six_quantize_decode, global_decode_factor, row_amax
+from ..dispatch.amax import run_token_groups
+from ..numerics.reference import expand_per_expert_rows, expand_per_row
 from . import consistent
 
 _NAMES = ("w1", "w2", "w3")
@@ -77,7 +77,7 @@ def quantize_rows(x: Tensor, offs: Tensor, recipe) -> tuple[Tensor, Tensor]:
     if recipe.row_scaled:
         amax = row_amax(x)
     else:
-        amax = torch.cat([group_amax(x, offs), x.new_zeros(1, dtype=torch.float32)])[group_index(offs, x.shape[0])]
+        amax = expand_per_row(*run_token_groups(x, offs, per_row=False, quantizer=recipe.quantizer))
     decoded, _ = four_over_six_quantize_decode(x.contiguous(), amax, block="1x16", err_mode=recipe.err_mode,
                                                scale_bound=recipe.scale_bound, quantizer=recipe.quantizer,
                                                choose=recipe.activations_choose, validate_amax=False)
