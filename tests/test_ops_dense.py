@@ -116,7 +116,20 @@ def test_transposed_tiles_decode_to_the_transpose():
     q = four_over_six_quantize(w, tensor_amax(w), block="16x16")
     t = transpose_tiles(Operand(q.codes, q.scales))
     assert t.codes.shape == (64, 24) and t.scales.shape == (64, 3)
-    assert torch.equal(t.block_scaled(), Operand(q.codes, q.scales).block_scaled().t())
+    assert torch.equal(t.block_scaled("auto"), Operand(q.codes, q.scales).block_scaled("auto").t())
+
+
+def test_backward_decodes_the_weight_tiles_with_the_recipes_quantizer(monkeypatch):
+    """The quantized backward decodes the forward's 16x16 weight tiles for W^T with the recipe's `quantizer`
+    (quantizer='reference' must mean the reference everywhere, not only in the quantizers)."""
+    from titan_fp4six.ops import operands
+    seen = []
+    decode = operands.run_decode_block_scaled
+    monkeypatch.setattr(operands, "run_decode_block_scaled",
+                        lambda codes, scales, quantizer: seen.append(quantizer) or decode(codes, scales, quantizer))
+    x, w = torch.randn(32, 64, requires_grad=True), torch.randn(48, 64, requires_grad=True)
+    four_over_six_linear(x, w, recipe=FourOverSixRecipe(quantizer="reference")).sum().backward()
+    assert seen == ["reference"]
 
 
 def test_quantized_backward_differs_from_high_precision():

@@ -66,7 +66,7 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
     dx = dw = dy.new_empty(0)
     if need_dx:
         if r.weight_block == "16x16":
-            w_col = transposed_tiles(Operand(w_codes, w_scales), decode)
+            w_col = transposed_tiles(Operand(w_codes, w_scales), decode, r.quantizer)
         else:
             w_col = quantize_46_columnwise(weight, w_amax, r, decode, weight=True)
         dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_amax, STANDARD_BOUND, w_col, w_amax, r.scale_bound,

@@ -78,7 +78,7 @@ def gemm_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: 
         if a_amax.dim() == 0:
             return blackwell.scaled_mm_nt(a, global_decode_factor(a_amax, a_bound), b, b_factor, out_dtype)
         return blackwell.scaled_mm_nt_row_scaled(a, *row_split(a_amax, a_bound), b, b_factor, out_dtype)
-    acc = mm_f32(a.block_scaled(), b.block_scaled().t())
+    acc = mm_f32(a.block_scaled(recipe.quantizer), b.block_scaled(recipe.quantizer).t())
     return run_scale_cast(acc, a_amax, a_bound, b_amax, b_bound, out_dtype, recipe.quantizer)
 
 
@@ -100,7 +100,7 @@ def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Oper
             out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *row_split(a_amax, recipe.scale_bound), w, w_factor,
                                                             offs, experts, out_dtype)
         return torch.where((group_of_row < experts)[:, None], out, 0)
-    w_dec = w.block_scaled().view(experts, -1, w.codes.shape[1] * 2)
-    prod = torch._grouped_mm(a.block_scaled(), w_dec.transpose(-2, -1), offs=offs)  # bf16: the extra rounding
+    w_dec = w.block_scaled(recipe.quantizer).view(experts, -1, w.codes.shape[1] * 2)
+    prod = torch._grouped_mm(a.block_scaled(recipe.quantizer), w_dec.transpose(-2, -1), offs=offs)  # bf16: the extra rounding
     return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, recipe.scale_bound, out_dtype,
                                   recipe.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0

@@ -23,10 +23,11 @@ class Operand:
     scales: torch.Tensor | None
     decoded: torch.Tensor | None = None
 
-    def block_scaled(self) -> torch.Tensor:
-        """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input."""
+    def block_scaled(self, quantizer: str) -> torch.Tensor:
+        """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input; decoded here (by the recipe's
+        `quantizer` choice) unless the quantizer wrote it already."""
         if self.decoded is None:
-            self.decoded = run_decode_block_scaled(self.codes, self.scales)
+            self.decoded = run_decode_block_scaled(self.codes, self.scales, quantizer)
         return self.decoded
 
 
@@ -75,7 +76,7 @@ def transpose_tiles(op: Operand) -> Operand:
     return Operand(codes_t, scales_t)
 
 
-def transposed_tiles(op: Operand, decode: bool) -> Operand:
+def transposed_tiles(op: Operand, decode: bool, quantizer: str) -> Operand:
     """The transpose of a 16x16-tile-quantized operand: for the emulated GEMM its decode, transposed (a view: a
     tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed."""
-    return Operand(None, None, op.block_scaled().t()) if decode else transpose_tiles(op)
+    return Operand(None, None, op.block_scaled(quantizer).t()) if decode else transpose_tiles(op)
