@@ -163,6 +163,6 @@ def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
             or offs.device != x.device):
         got = (f"{offs.dtype} {tuple(offs.shape)} on {offs.device}" if isinstance(offs, torch.Tensor)
                else type(offs).__name__)
-        raise TypeError(f"offs must be a non-empty 1-D int32 tensor of inclusive group ends on x's device ({x.device}), "
-                        f"got {got}")
+        raise TypeError(f"offs must be a non-empty 1-D int32 tensor of inclusive group ends on x's device "
+                        f"({x.device}), got {got}")
     return _amax.run_token_groups(x, offs, per_row=False)[0]

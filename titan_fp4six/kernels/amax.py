@@ -146,8 +146,8 @@ def row_amax(x: torch.Tensor) -> torch.Tensor:
 def token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |x| as FP32: per row (R,), 0 for rows at or past offs[-1], or per group (E,), 0 for empty groups;
     each row's group, int64 (R,), E at or past offs[-1]) of a grouped GEMM's A: a 2-D CUDA tensor with unit
-    column stride; offs its inclusive group ends, int32 (E,), E >= 1, non-decreasing. One launch (and a fill
-    per group)."""
+    column stride; offs its inclusive group ends, int32 (E,), E >= 1, non-decreasing. One launch (after a fill
+    of the per-group amaxes)."""
     rows, cols = x.shape
     experts = offs.numel()
     group = torch.empty(rows, dtype=torch.int64, device=x.device)

@@ -18,16 +18,16 @@ import torch
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec rounds each operation: no contraction of a*b + c into an FMA
 
+try:
+    from triton import knobs as _knobs
+except ImportError:  # older Triton: no hooks object to consult; never take the direct path
+    _knobs = None
+
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host integers for grids: triton.cdiv is a constexpr function whose wrapper costs ~2 us
     a call on the host (22 calls per dense GEMM's forward and backward)."""
     return -(-a // b)
-
-try:
-    from triton import knobs as _knobs
-except ImportError:  # older Triton: no hooks object to consult; never take the direct path
-    _knobs = None
 
 
 def _hooks_installed() -> bool:
