@@ -1,10 +1,10 @@
 """Run by test_kernels_interp in a subprocess with TRITON_INTERPRET=1: the operand kernels (fused NVFP4
-quantize-decode, columnwise quantization, decode, GEMM epilogue) and the public amax check against the reference
-compositions on the CPU.
+quantize-decode, columnwise quantization, decode, GEMM epilogue), the public amax check and the grouped GEMM's
+token groups against the reference compositions on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [SECTION ...]  (all: none)
 
-SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check.
+SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check, token_groups.
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -125,12 +125,36 @@ def amax_check(gen):
         yield label, [] if int(ka.amax_covers(x, amax)) == covers else [f"flag {1 - covers}, expected {int(covers)}"]
 
 
+def token_groups(gen):
+    """The grouped GEMM's token-group kernel (each row's group; amax per row or per group) against the reference:
+    one expert, empty groups (a repeated end, a first group of no rows), groups ending before the last row, NaN
+    and Inf in tokens and past the last group, a row stride wider than the row, every dtype."""
+    from titan_fp4six.dispatch.amax import run_token_groups
+    from titan_fp4six.kernels import amax as ka
+
+    ends = ([40], [0, 12, 12, 30, 47], [5, 9, 20], [3, 3, 3, 3, 3, 50, 50, 50, 50])
+    for index, offs in enumerate(ends):
+        dtype = DTYPES[index % 3]
+        wide = (torch.randn(50, 48, generator=gen) * 3).to(dtype)
+        x = wide[:, :32]  # row stride 48
+        x[2, 5] = float("inf")
+        x[49, 0] = float("nan")  # a token only where offs[-1] is 50
+        offs = torch.tensor(offs, dtype=torch.int32)
+        for per_row in (True, False):
+            got, group = ka.token_groups(x, offs, per_row)
+            want, want_group = run_token_groups(x, offs, per_row)
+            bad = [] if torch.equal(group, want_group) else ["group ids"]
+            same = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+            bad += [] if same else [f"amax {got.tolist()} != {want.tolist()}"]
+            yield f"token_groups/{offs.tolist()}/{dtype}/per_row={per_row}", bad
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     configs = mismatches = 0
     start = time.time()
     sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only,
-                "epilogue": epilogue, "amax_check": amax_check}
+                "epilogue": epilogue, "amax_check": amax_check, "token_groups": token_groups}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1
