@@ -12,23 +12,24 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _ptx(enable_fp_fusion: bool, four_six: bool) -> str:
+def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug: bool = False) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from titan_fp4six.kernels.quantize import _quantize_kernel
+    from titan_fp4six.kernels.quantize import CHECK_OPTIONS, _quantize_kernel
 
     pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1",
                 "dec_ptr": "*bf16"}  # as the launcher passes them (torch.bool is *i1)
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False,
-                      MAP6_ONLY=False)
+                      MAP6_ONLY=False, CHECK_AMAX=check_amax)
     scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"enable_fp_fusion": enable_fp_fusion, "num_warps": 1})
+                                  options={"enable_fp_fusion": enable_fp_fusion, "num_warps": 1,
+                                           **(CHECK_OPTIONS if debug else {})})
     except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
         pytest.skip(f"cannot compile for sm_90 here: {exc}")
     return compiled.asm["ptx"]
@@ -58,3 +59,13 @@ def test_fp32_only():
     """No FP64 arithmetic or conversions: every constant the kernel combines with FP32 values stays FP32."""
     for four_six in (True, False):
         assert not re.search(r"\.f64\b", _ptx(enable_fp_fusion=False, four_six=four_six))
+
+
+@pytest.mark.parametrize("four_six", [True, False])
+def test_amax_check_adds_only_its_asserts(four_six):
+    """The public quantizers' variant (CHECK_AMAX, compiled with debug on) calls the device assert and keeps the
+    same explicit FMAs; debug on without the check compiles no assert at all (no integer overflow checks)."""
+    explicit = _fmas(_ptx(enable_fp_fusion=False, four_six=four_six))
+    checked = _ptx(enable_fp_fusion=False, four_six=four_six, check_amax=True, debug=True)
+    assert "__assertfail" in checked and _fmas(checked) == explicit
+    assert "__assertfail" not in _ptx(enable_fp_fusion=False, four_six=four_six, debug=True)

@@ -57,8 +57,10 @@ def test_no_module_imports_a_layer_above_its_own(path):
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "kernels").glob("*.py")), ids=lambda p: p.name)
 def test_kernels_import_only_the_formats(path):
+    """Never the reference: the kernels are an independent implementation (the validation module lends the
+    amax check's error messages)."""
     for target in _imports(path):
-        assert target[0] == "kernels" or target[:2] == ("numerics", "formats"), target
+        assert target[0] == "kernels" or target[:2] in {("numerics", "formats"), ("numerics", "validation")}, target
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "numerics").glob("*.py")), ids=lambda p: p.name)

@@ -62,10 +62,13 @@ def test_dequantize_checks_its_arguments():
 
 
 def test_nan_and_inf_inputs_are_not_errors():
+    """With their own amax (NaN here): an Inf above a finite amax would saturate, so that one is refused."""
     x = X.clone()
     x[0, 0], x[1, 1] = float("nan"), float("inf")
-    codes, scales = four_over_six_quantize(x, tensor_amax(X))
+    codes, scales = four_over_six_quantize(x, tensor_amax(x))
     assert codes.shape == (32, 32) and scales.shape == (32, 4)
+    with pytest.raises(ValueError, match="amax is below max"):
+        four_over_six_quantize(x, tensor_amax(X))
 
 
 def test_amax_helpers():
@@ -138,25 +141,33 @@ def test_zero_amax_on_zero_data_decodes_to_zero():
 
 CUDA_PROBE = """
 import torch
-from titan_fp4six import four_over_six_quantize, tensor_amax
+from titan_fp4six import four_over_six_quantize, four_over_six_quantize_decode, nvfp4_quantize, row_amax, tensor_amax
 x = torch.randn(64, 64, device="cuda")
-four_over_six_quantize(x, tensor_amax(x))
+rows = row_amax(x)
+{call}(x, tensor_amax(x))
 torch.cuda.synchronize()
 print("valid amax ok", flush=True)
-four_over_six_quantize(x, {amax})
+x[5, 7] = float("nan")
+{call}(x, {amax})
 torch.cuda.synchronize()
 print("bad amax passed", flush=True)
 """
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("amax", ["-tensor_amax(x)", "tensor_amax(x) * 0.5"])
-def test_cuda_amax_check_is_an_asynchronous_device_assert(amax):
-    """No host sync on CUDA: the bad amax fails at the next synchronization (in a subprocess: a device
-    assert poisons the CUDA context)."""
-    done = subprocess.run([sys.executable, "-c", CUDA_PROBE.format(amax=amax)], capture_output=True, text=True,
-                          timeout=300)
-    assert "valid amax ok" in done.stdout and "bad amax passed" not in done.stdout
+@pytest.mark.parametrize("call, amax", [
+    ("four_over_six_quantize", "-tensor_amax(x.nan_to_num(0.0))"),
+    ("four_over_six_quantize", "tensor_amax(x.nan_to_num(0.0)) * 0.5"),  # the NaN excuses no other value
+    ("lambda x, a: four_over_six_quantize(x, a, block='16x16')", "tensor_amax(x.nan_to_num(0.0)) * 0.5"),
+    ("four_over_six_quantize_decode", "rows.index_fill(0, torch.tensor([9], device='cuda'), 0.1)"),
+    ("nvfp4_quantize", "-rows"),
+])
+def test_cuda_amax_check_is_an_asynchronous_device_assert(call, amax):
+    """No host sync on CUDA: the bad amax fails at the next synchronization, from the quantize kernel's device
+    asserts (in a subprocess: a device assert poisons the CUDA context)."""
+    done = subprocess.run([sys.executable, "-c", CUDA_PROBE.format(call=call, amax=amax)], capture_output=True,
+                          text=True, timeout=300)
+    assert "valid amax ok" in done.stdout and "bad amax passed" not in done.stdout, done.stdout + done.stderr[-2000:]
     assert done.returncode != 0 and "device-side assert" in done.stderr
 
 

@@ -117,12 +117,39 @@ def epilogue(gen):
         yield f"epilogue/{label}", compare_epilogue(ke, kind, args)
 
 
-def amax_check(gen):
-    """The row-amax kernel's check mode (the public quantizers' amax check) against the reference's verdict."""
-    from titan_fp4six.kernels import amax as ka
+def _device_asserts_on() -> None:
+    """Compile the interpreter's device asserts in, as the launch option debug=True does on the GPU (the
+    interpreter keeps one builder whose options ignore launch options)."""
+    import dataclasses
 
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    builder.options = dataclasses.replace(builder.options, debug=True, sanitize_overflow=False)
+
+
+def amax_check(gen):
+    """The quantize kernel's amax check (the public quantizers' validate_amax, device asserts) against the
+    reference's verdict: every quantizer variant that takes the amax (four-over-six 1x16, 16x16 where the amax
+    is per tensor and the rows whole tiles, standard NVFP4 with its decode)."""
+    _device_asserts_on()
     for label, x, amax, covers in amax_check_cases(gen):
-        yield label, [] if int(ka.amax_covers(x, amax)) == covers else [f"flag {1 - covers}, expected {int(covers)}"]
+        runs = {"1x16": lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256, True, True),
+                "nvfp4": lambda: kq.nvfp4_quantize_decode(x, amax, True)}
+        if amax.dim() == 0 and x.shape[0] % 16 == 0:
+            runs["16x16"] = lambda: kq.four_over_six_quantize(x, amax, "16x16", "mae", 448, True, True)
+        bad = []
+        for variant, run in runs.items():
+            try:
+                run()
+                passed = True
+            except Exception as exc:  # the interpreter wraps the device assert's AssertionError
+                if "AssertionError" not in repr(exc):
+                    raise
+                passed = False
+            if passed != covers:
+                bad.append(f"{variant}: {'passed' if passed else 'asserted'}, expected {covers}")
+        yield label, bad
 
 
 def token_groups(gen):

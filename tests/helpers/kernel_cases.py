@@ -181,32 +181,35 @@ def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
 
 def amax_check_cases(gen, device="cpu"):
     """(label, x, amax, covers) for the public amax check: data with NaN, Inf and zero rows, in every dtype and
-    in rows of wider storage; per-tensor and per-row amaxes at, above and below the data, negative, -0, NaN.
-    `covers` is the verdict of the public check's reference path (the rule's one home)."""
-    from titan_fp4six.dispatch.api import _check_amax_covers
+    in rows of wider storage; per-tensor and per-row amaxes at, above and below the data, negative, -0, NaN, and
+    a finite amax below finite data that also holds a NaN (the NaN does not excuse the rest). `covers` is the
+    verdict of numerics.validation.check_amax_covers (the rule's one home)."""
     from titan_fp4six.numerics.reference import row_amax_reference, tensor_amax_reference
+    from titan_fp4six.numerics.validation import check_amax_covers
 
     def reference_verdict(x, amax):
         try:
-            _check_amax_covers(amax.cpu(), x.cpu(), "reference")
+            check_amax_covers(x.cpu(), amax.cpu())
         except ValueError:
             return False
         return True
 
-    base = torch.randn(37, 56, generator=gen) * 3
+    base = torch.randn(7, 32, generator=gen) * 3
     base[2, 5], base[4, 9], base[6] = float("nan"), -float("inf"), 0.0
-    finite = torch.randn(21, 272, generator=gen)
+    finite = torch.randn(16, 64, generator=gen)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for name, x in (("nan_inf", base.to(dtype)), ("finite", finite.to(dtype)),
-                        ("strided", finite.to(dtype)[:, :48])):
+        data = (("nan_inf", base.to(dtype)), ("finite", finite.to(dtype)), ("strided", finite.to(dtype)[:, :32]))
+        for name, x in data if dtype == torch.bfloat16 else data[:1]:  # the rule is dtype-blind; the loads are not
             x = x.to(device)
             t, r = tensor_amax_reference(x), row_amax_reference(x)
             lowered = r.clone()
             lowered[1] = lowered[1] * 0.99
-            amaxes = {"tensor": t, "rows": r, "tensor x2": t * 2, "tensor / 2": t / 2, "rows one lowered": lowered,
-                      "negative": -t.abs() - 1, "negative row": torch.where(torch.arange(len(r), device=device) == 3,
-                                                                             -1.0, r.abs() + 1),
-                      "-0": torch.tensor(-0.0, device=device), "nan": torch.tensor(float("nan"), device=device),
-                      "inf": torch.tensor(float("inf"), device=device)}
+            amaxes = {"tensor": t, "rows": r, "tensor / 2": t / 2, "rows one lowered": lowered,
+                      "negative row": torch.where(torch.arange(len(r), device=device) == 3, -1.0, r.abs() + 1),
+                      "one": torch.tensor(1.0, device=device)}
+            if dtype == torch.bfloat16:  # NaN and Inf amaxes send every block down the slow exact path
+                amaxes.update({"tensor x2": t * 2, "negative": -t.abs() - 1, "-0": torch.tensor(-0.0, device=device),
+                               "nan": torch.tensor(float("nan"), device=device),
+                               "inf": torch.tensor(float("inf"), device=device)})
             for label, amax in amaxes.items():
                 yield f"amax_check/{name}/{dtype}/{label}", x, amax.float(), reference_verdict(x, amax.float())

@@ -62,13 +62,6 @@ def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
     return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group
 
 
-def run_amax_check(x: torch.Tensor, amax: torch.Tensor, quantizer: str = "auto") -> torch.Tensor | None:
-    """An int32 0-d device flag, 1 when 0 <= max |x| <= amax (per row for a row amax; NaN passes), from one
-    launch of the row kernel; None where it does not run (the caller compares with the reference)."""
-    kernels = _row_kernels(x, quantizer)
-    return kernels.amax_covers(x, amax) if kernels else None
-
-
 def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:
     """Group id of every row given inclusive group ends `offs`; rows at or past offs[-1] get len(offs)."""
     positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
-from ..numerics.validation import SCALE_BOUNDS, check_choice, check_codes, check_quantize_args
+from ..numerics.validation import (SCALE_BOUNDS, check_amax_covers, check_choice, check_codes,
+                                   check_quantize_args)
 from . import amax as _amax
 from . import library
 from .backend import QUANTIZERS
@@ -34,47 +35,18 @@ class NVFP4Blocks:
         return iter((self.codes, self.scales))
 
 
-_NEGATIVE_AMAX_MSG = ("amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or "
-                      "row_amax(x)")
-_SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
-                   "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
-_BAD_AMAX_MSG = ("amax must be >= 0 and >= max |x| of the data (per row for a row amax): a negative amax stores "
-                 "negative E4M3 scales, a smaller one saturates silently; pass tensor_amax(x) / row_amax(x)")
-
-
-def _check_amax_covers(amax: torch.Tensor, x: torch.Tensor, quantizer: str) -> None:
-    """Raise unless 0 <= max |x| <= amax (per row for a row amax; NaN on either side passes, it propagates).
-
-    Costs one more read of x, so only the public API runs it: the GEMM ops compute amax from x themselves.
-    On CUDA the check is an asynchronous device assert (no host sync), like the tile-uniform one: one Triton
-    launch that reads x and compares (eager), or the comparisons below (while torch.compile traces, where a
-    Python branch on a value would break the graph)."""
-    ok = _amax.run_amax_check(x, amax, quantizer)
-    if ok is not None:
-        torch._assert_async(ok, _BAD_AMAX_MSG)
-        return
-    data = _amax.run_tensor_amax(x, quantizer) if amax.dim() == 0 else _amax.run_row_amax(x, quantizer)
-    negative, below = (amax < 0).any(), (amax < data).any()
-    if amax.is_cuda or torch.compiler.is_compiling():
-        torch._assert_async(~negative, _NEGATIVE_AMAX_MSG)
-        torch._assert_async(~below, _SMALL_AMAX_MSG)
-    elif negative:
-        raise ValueError(_NEGATIVE_AMAX_MSG)
-    elif below:
-        raise ValueError(_SMALL_AMAX_MSG)
-
-
 def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose=True) -> bool:
-    """Check the arguments (amax against the data too, unless validate_amax is False); returns whether
-    torch.compile is tracing (then the values cannot be read)."""
+    """Check the arguments; returns whether torch.compile is tracing (then the values cannot be read, and the
+    amax check, unless validate_amax is False, runs here as graph ops; eager, the run functions run it, the
+    Triton quantizer inside its own read of x)."""
     tracing = torch.compiler.is_compiling()
     check_choice("quantizer", quantizer, QUANTIZERS)
     for name, flag in (("choose", choose), ("validate_amax", validate_amax)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
-    if validate_amax:
-        _check_amax_covers(amax, x, quantizer)
+    if tracing and validate_amax:
+        check_amax_covers(x, amax)
     return tracing
 
 
@@ -84,11 +56,13 @@ def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = 
     """Four-over-six NVFP4 quantization of a 2-D tensor with a per-tensor or per-row FP32 amax.
 
     choose=False keeps the map-to-6 candidate in every block (with scale_bound=448: plain NVFP4, computed
-    with the four-over-six scale association; docs/numerics.md). validate_amax: check 0 <= max |x| <= amax
-    (one more read of x; an asynchronous device assert on CUDA); False skips it (a smaller amax saturates)."""
+    with the four-over-six scale association; docs/numerics.md). validate_amax: check amax >= 0 and |x| <= amax
+    (numerics.validation.check_amax_covers; on CUDA a device assert, which the Triton quantizer makes in its own
+    read of x); False skips it (a smaller amax saturates)."""
     if _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose):
         return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer, choose))
-    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose)[:3])
+    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose,
+                                          validate_amax)[:3])
 
 
 def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
@@ -102,7 +76,8 @@ def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block:
         dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer,
                                                                    choose)
     else:
-        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, True, choose)
+        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, True, choose,
+                                                     validate_amax)
     return dec, NVFP4Blocks(codes, scales, map4)
 
 
@@ -112,7 +87,7 @@ def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "aut
     four_over_six_quantize."""
     if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer, validate_amax):
         return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer))
-    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer)[:2])
+    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer, check_amax=validate_amax)[:2])
 
 
 def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:

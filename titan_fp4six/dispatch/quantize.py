@@ -9,36 +9,48 @@ import torch
 
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
+from ..numerics.validation import check_amax_covers
 from .backend import kernels_for
 
 
 def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
-                      quantizer: str, decode: bool, choose: bool = True):
+                      quantizer: str, decode: bool, choose: bool = True, check_amax: bool = False):
     """(codes, scales, map4, bf16 block-scaled decode or None) of a validated 2-D x.
 
     With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
-    choose=False keeps map-to-6 in every block."""
-    kernels = kernels_for(x, quantizer, "quantize")
+    choose=False keeps map-to-6 in every block; check_amax runs the public amax check (the kernel asserts it in
+    its own read of x)."""
+    kernels = _quantize_kernels(x, amax, quantizer, check_amax)
     if kernels is not None:
         if decode:
             dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound,
-                                                                             choose)
+                                                                             choose, check_amax)
             return codes, scales, map4, dec
-        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound, choose), None)
+        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound, choose, check_amax), None)
     codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound, choose)
     return codes, scales, map4, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
 
-def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool = False):
-    """(codes, scales, bf16 block-scaled decode or None) of standard NVFP4 (B=448, 1x16) of a validated 2-D x."""
-    kernels = kernels_for(x, quantizer, "quantize")
+def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool = False, check_amax: bool = False):
+    """(codes, scales, bf16 block-scaled decode or None) of standard NVFP4 (B=448, 1x16) of a validated 2-D x;
+    check_amax as in run_four_over_six."""
+    kernels = _quantize_kernels(x, amax, quantizer, check_amax)
     if kernels is not None:
         if decode:
-            dec, codes, scales = kernels.nvfp4_quantize_decode(x, amax)
+            dec, codes, scales = kernels.nvfp4_quantize_decode(x, amax, check_amax)
             return codes, scales, dec
-        return (*kernels.nvfp4_quantize(x, amax), None)
+        return (*kernels.nvfp4_quantize(x, amax, check_amax), None)
     codes, scales = reference.nvfp4_reference(x, amax)
     return codes, scales, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
+
+
+def _quantize_kernels(x: torch.Tensor, amax: torch.Tensor, quantizer: str, check_amax: bool):
+    """The quantize kernels for x, or None for the reference; with check_amax, the amax check runs here unless
+    the kernel will run it (it launches nothing for an empty x)."""
+    kernels = kernels_for(x, quantizer, "quantize")
+    if check_amax and (kernels is None or not x.numel()):
+        check_amax_covers(x, amax)
+    return kernels
 
 
 def _columnwise_kernels(x: torch.Tensor, amax: torch.Tensor, quantizer: str):

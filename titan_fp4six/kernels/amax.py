@@ -2,9 +2,7 @@
 
 max |x| is exact, so only NaN needs care: the max is taken over the FP32 bit patterns of |x| as int32,
 where every positive NaN lies above +Inf, so a NaN propagates and comes out as one of the input's own NaN
-patterns (as torch.amax returns), never a canonical NaN of the hardware's choosing. The row kernel also
-checks a given amax against the data (the public quantizers' amax check) in the same single read.
-"""
+patterns (as torch.amax returns), never a canonical NaN of the hardware's choosing. """
 
 import torch
 import triton
@@ -50,17 +48,10 @@ def _row_max_bits(x_ptr, rows, R, C, stride, BR: tl.constexpr, BC: tl.constexpr)
 
 
 @triton.jit(do_not_specialize=["R"])  # C and stride specialized: vectorized loads for multiples of 16
-def _row_amax_kernel(x_ptr, out_ptr, amax_ptr, R, C, stride, amax_stride, BR: tl.constexpr, BC: tl.constexpr,
-                     CHECK: tl.constexpr):
-    """max |x| of each row into out (FP32 bits); with CHECK, whether amax (per row, or one with amax_stride 0)
-    covers the data, as _check_verdict describes."""
+def _row_amax_kernel(x_ptr, out_ptr, R, C, stride, BR: tl.constexpr, BC: tl.constexpr):
+    """max |x| of each row into out (FP32 bits)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    acc = _row_max_bits(x_ptr, rows, R, C, stride, BR, BC)
-    if CHECK:
-        amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
-        _check_verdict(out_ptr, acc.to(tl.float32, bitcast=True), amax, rows < R, amax_stride == 0)
-    else:
-        tl.store(out_ptr + rows, acc, mask=rows < R)
+    tl.store(out_ptr + rows, _row_max_bits(x_ptr, rows, R, C, stride, BR, BC), mask=rows < R)
 
 
 @triton.jit(do_not_specialize=["R", "E"])
@@ -81,21 +72,6 @@ def _token_groups_kernel(x_ptr, offs_ptr, group_ptr, out_ptr, R, C, stride, E, B
         tl.store(out_ptr + rows, tl.where(group < E, acc, 0), mask=rows < R)
     else:
         tl.atomic_max(out_ptr + group, acc, mask=(rows < R) & (group < E))
-
-
-@triton.jit
-def _check_verdict(out_ptr, data, amax, valid, per_tensor):
-    """out = [flags, programs done, verdict], zeros beforehand. Each program ors in what it saw (1: a row's max
-    above its amax, 2: a NaN row max, 4: a negative amax); the last one to finish writes the verdict, 1 when
-    no amax is negative and none is below the data or (one amax per tensor) the data hold a NaN, whose max
-    |x| is then NaN: the reference's rule, NaN on either side passes."""
-    seen = (tl.max((valid & (data > amax)).to(tl.int32), 0) | 2 * tl.max((valid & (data != data)).to(tl.int32), 0)
-            | 4 * tl.max((valid & (amax < 0.0)).to(tl.int32), 0))
-    tl.atomic_or(out_ptr, seen)
-    if tl.atomic_add(out_ptr + 1, 1) == tl.num_programs(0) - 1:  # acq_rel: every program's flags are in
-        flags = tl.atomic_or(out_ptr, 0)
-        excused = ((flags & 2) != 0) & per_tensor
-        tl.store(out_ptr + 2, (((flags & 4) == 0) & (((flags & 1) == 0) | excused)).to(tl.int32))
 
 
 _TENSOR_AMAX = FastLaunch(_tensor_amax_kernel)
@@ -129,8 +105,8 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
 def _row_amax_into(out: torch.Tensor, x: torch.Tensor) -> None:
     """max |x| of each of the R rows of x as FP32 bits into int32 out[:R]; every row is stored (no fill)."""
     rows, cols = x.shape
-    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, out, rows, cols, x.stride(0), 0, ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
-              False, num_warps=4)
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
+              num_warps=4)
 
 
 def row_amax(x: torch.Tensor) -> torch.Tensor:
@@ -173,14 +149,3 @@ def dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Te
             _row_amax_into(out, x)
         _tensor_amax_into(out[rows:], w)
     return out.view(torch.float32)
-
-
-def amax_covers(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """An int32 0-d flag, 1 when 0 <= max |x| <= amax (per row for a row amax (R,), else amax ()) with NaN on
-    either side passing, 0 otherwise: one read of x, for an asynchronous device assert (no host sync). x is
-    2-D, non-empty, with unit column stride."""
-    rows, cols = x.shape
-    out = torch.zeros(3, dtype=torch.int32, device=x.device)
-    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, amax, rows, cols, x.stride(0), amax.dim(), ROW_BLOCK_ROWS,
-              ROW_BLOCK_COLS, True, num_warps=4)
-    return out[2]

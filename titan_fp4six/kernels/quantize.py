@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
 from .decode import e4m3_value
@@ -54,6 +55,11 @@ LAUNCH = {
 COLUMN_LAUNCH = Launch(32, 1, 8, 1)
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# The amax check's device asserts are compiled in only with debug on; sanitize_overflow off keeps the integer
+# arithmetic free of the overflow asserts debug would add.
+CHECK_OPTIONS = {"debug": True, "sanitize_overflow": False}
+_NEGATIVE_AMAX = tl.constexpr(NEGATIVE_AMAX_MSG)
+_SMALL_AMAX = tl.constexpr(SMALL_AMAX_MSG)
 
 
 @triton.jit
@@ -503,6 +509,16 @@ def _four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constex
 
 
 @triton.jit
+def _assert_amax_covers(bamax, amax, ok):
+    """The public quantizers' amax check (numerics.validation.check_amax_covers) on the blocks at `ok`: amax >= 0
+    and block max <= amax, NaN on either side passing. Device asserts: a failure traps the kernel and surfaces
+    at the next synchronization as "device-side assert triggered", as torch._assert_async does."""
+    amax = tl.broadcast_to(amax, ok.shape)  # a tensor even from a scalar amax, as for row_fast
+    tl.device_assert(~ok | ~(amax < 0.0), _NEGATIVE_AMAX)
+    tl.device_assert(~ok | ~(bamax > amax), _SMALL_AMAX)
+
+
+@triton.jit
 def _bit_or(a, b):
     """Combine function of a bitwise-or reduction."""
     return a | b
@@ -513,7 +529,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                      CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
                      SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
                      PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr,
-                     TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False):
+                     TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
+                     CHECK_AMAX: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -536,7 +553,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
 
     The launcher passes x, codes, map4 and the decode in their own dtypes (a host-side dtype view costs ~1 us
     each); the kernel reads x as int32 words (int16 elements when TRANSPOSED reads a 16-bit x) and writes codes
-    and the decode as int32 words, scales and map4 as bytes."""
+    and the decode as int32 words, scales and map4 as bytes.
+
+    CHECK_AMAX (launched with CHECK_OPTIONS) asserts the public quantizers' amax check in the same read of x,
+    instead of a second kernel that reads x again."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
@@ -596,6 +616,8 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
         bamax = xs[0]
         for i in tl.static_range(1, 16):
             bamax = nan_max(bamax, xs[i])
+        if CHECK_AMAX:
+            _assert_amax_covers(bamax, amax, ok)
         bamax = _tile_max(bamax, TILE16)
 
         if FOUR_SIX:
@@ -688,9 +710,10 @@ def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
 
 
 def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool,
-            transposed: bool = False, choose: bool = True):
+            transposed: bool = False, choose: bool = True, check_amax: bool = False):
     """Outputs of the (rows, cols) matrix quantized: x itself, or with `transposed` x^T of a row-major x (M, K)
-    padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place."""
+    padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place. check_amax:
+    assert the public amax check on the device (not with `transposed`)."""
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
@@ -716,7 +739,8 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
                   f32_reciprocal(6.0 * scale_bound), decode,
                   not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
                   four_six and block == "16x16" and amax.dim() == 0, launch.rows, launch.blocks, transposed,
-                  not choose, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS)
+                  not choose, check_amax, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS,
+                  **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), map4, dec
 
 
@@ -726,33 +750,35 @@ def eligible(x: torch.Tensor) -> bool:
             and x.data_ptr() % 4 == 0)
 
 
-def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True):
+def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
+                           check_amax: bool = False):
     """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference (choose=False:
-    map-to-6 in every block)."""
+    map-to-6 in every block; check_amax: the public amax check as device asserts, in the same read of x)."""
     codes, scales, map4, _ = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                     scale_bound=scale_bound, decode=False, choose=choose)
+                                     scale_bound=scale_bound, decode=False, choose=choose, check_amax=check_amax)
     return codes, scales, map4
 
 
-def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True):
+def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
+                                  check_amax: bool = False):
     """(bf16 block-scaled decode, codes, scales, map4) from one read of x."""
     codes, scales, map4, dec = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=True, choose=choose)
+                                       scale_bound=scale_bound, decode=True, choose=choose, check_amax=check_amax)
     return dec, codes, scales, map4
 
 
-def nvfp4_quantize(x, amax):
+def nvfp4_quantize(x, amax, check_amax: bool = False):
     """(codes, scales) of standard NVFP4 (B=448, 1x16); bitwise equal to reference.nvfp4_reference."""
     codes, scales, _, _ = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
-                                  decode=False)
+                                  decode=False, check_amax=check_amax)
     return codes, scales
 
 
-def nvfp4_quantize_decode(x, amax):
+def nvfp4_quantize_decode(x, amax, check_amax: bool = False):
     """(bf16 block-scaled decode, codes, scales) of standard NVFP4 from one read of x; bitwise equal to
     reference.nvfp4_reference and reference.decode_block_scaled_reference of its output."""
     codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
-                                    decode=True)
+                                    decode=True, check_amax=check_amax)
     return dec, codes, scales
 
 

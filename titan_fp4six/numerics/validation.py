@@ -85,6 +85,29 @@ def _check_tile_uniform(amax: torch.Tensor) -> None:
         raise ValueError(_TILE_UNIFORM_MSG)
 
 
+NEGATIVE_AMAX_MSG = ("amax must be >= 0 (a negative amax stores negative E4M3 scales); pass tensor_amax(x) or "
+                     "row_amax(x)")
+SMALL_AMAX_MSG = ("amax is below max |x| of the data (per row for a row amax): larger values would saturate "
+                  "silently; pass tensor_amax(x) / row_amax(x) or a larger amax")
+
+
+def check_amax_covers(x: torch.Tensor, amax: torch.Tensor) -> None:
+    """The public quantizers' amax check: raise unless amax >= 0 and every |x| <= amax (its row's amax for a row
+    amax). NaN elements and a NaN amax pass (NaN propagates through the quantizers); a NaN elsewhere does not
+    excuse a finite value above amax, which would saturate. On CUDA, and while torch.compile traces, asynchronous
+    device asserts (no host sync; a Python branch on a value would break the graph). The Triton quantizer checks
+    the same rule per block in its own read of x (kernels/quantize.py, CHECK_AMAX)."""
+    bound = amax if amax.dim() == 0 else amax[:, None]
+    negative, below = (amax < 0).any(), (x.abs() > bound).any()
+    if amax.is_cuda or torch.compiler.is_compiling():
+        torch._assert_async(~negative, NEGATIVE_AMAX_MSG)
+        torch._assert_async(~below, SMALL_AMAX_MSG)
+    elif negative:
+        raise ValueError(NEGATIVE_AMAX_MSG)
+    elif below:
+        raise ValueError(SMALL_AMAX_MSG)
+
+
 def check_quantize_args(x, amax, block: str, err_mode: str, scale_bound: int, read_values: bool = True) -> None:
     check_choice("block", block, BLOCKS)
     check_choice("err_mode", err_mode, ERR_MODES)
