@@ -124,9 +124,10 @@ def test_amax_kernels_match_torch(dtype):
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
     x[260] = float("nan")  # a row past the last group: not a token, its amax is 0 whatever it holds
-    tokens, group = ka.token_groups(x, offs, per_row=True)
+    tokens, group, empty = ka.token_groups(x, offs, per_row=True)
     assert torch.equal(tokens[:250], ka.row_amax(x)[:250]) and not tokens[250:].any()
     assert torch.equal(group, torch.searchsorted(offs, torch.arange(300, device="cuda", dtype=torch.int32), right=True))
+    assert empty.tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize("experts", [1, 3, 8, 40])
@@ -134,7 +135,7 @@ def test_token_groups_kernel_matches_the_reference(experts):
     """Each row's group and the per-row / per-group amaxes of a grouped GEMM's A from one launch equal the
     reference's (searchsorted; row amax with the rows past offs[-1] zeroed, or scatter_reduce per group),
     bitwise: empty groups, a last group ending before the last row, NaN and Inf in tokens and past the last group,
-    dtypes, a row stride wider than the row, and recycled memory under the outputs."""
+    dtypes, a row stride wider than the row, and recycled memory under the outputs; and the empty groups."""
     from titan_fp4six.dispatch.amax import run_token_groups
     from titan_fp4six.kernels import amax as ka
     g = torch.Generator(device="cuda").manual_seed(experts)
@@ -149,17 +150,18 @@ def test_token_groups_kernel_matches_the_reference(experts):
         x[rows - 1, 0] = float("nan")  # past the last group: never reaches an amax
         for per_row in (True, False):
             x.new_full((8192,), float("nan"), dtype=torch.float32)  # freed at once: garbage under the outputs
-            got, group = ka.token_groups(x, offs, per_row)
-            want, want_group = run_token_groups(x.cpu(), offs.cpu(), per_row)
-            assert torch.equal(group.cpu(), want_group)
+            got, group, empty = ka.token_groups(x, offs, per_row)
+            want, want_group, want_empty = run_token_groups(x.cpu(), offs.cpu(), per_row)
+            assert torch.equal(group.cpu(), want_group) and torch.equal(empty.cpu(), want_empty)
             assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (dtype, per_row)
         x[int(offs[0]) // 2 if int(offs[0]) else 0, 1] = float("nan")  # in a token: that group's (or row's) amax
-        got, _ = ka.token_groups(x, offs, per_row=False)
-        want, _ = run_token_groups(x.cpu(), offs.cpu(), per_row=False)
+        got = ka.token_groups(x, offs, per_row=False)[0]
+        want = run_token_groups(x.cpu(), offs.cpu(), per_row=False)[0]
         assert torch.equal(got.isnan().cpu(), want.isnan())
         assert torch.equal(got[~got.isnan()].cpu(), want[~want.isnan()])
-    empty, group = ka.token_groups(x[:0], offs, per_row=False)
-    assert torch.equal(empty, torch.zeros(experts, device="cuda")) and group.shape == (0,)
+    nothing, group, empty = ka.token_groups(x[:0], offs, per_row=False)
+    assert torch.equal(nothing, torch.zeros(experts, device="cuda")) and group.shape == (0,)
+    assert torch.equal(empty.cpu(), run_token_groups(x[:0].cpu(), offs.cpu(), per_row=False)[2])
 
 
 def test_dense_amaxes_kernel_matches_the_reference():

@@ -89,10 +89,12 @@ def test_token_groups_reference():
     from titan_fp4six.dispatch.amax import run_token_groups
     x = torch.tensor([[1.0, -3.0], [2.0, 0.5], [-7.0, 1.0], [float("nan"), 9.0]])
     offs = torch.tensor([1, 1, 3], dtype=torch.int32)
-    rows, group = run_token_groups(x, offs, per_row=True)
+    rows, group, empty = run_token_groups(x, offs, per_row=True)
     assert group.tolist() == [0, 2, 2, 3] and rows.tolist() == [3.0, 2.0, 7.0, 0.0]
-    groups, group = run_token_groups(x, offs, per_row=False)
+    assert empty.tolist() == [False, True, False]
+    groups, group, _ = run_token_groups(x, offs, per_row=False)
     assert group.tolist() == [0, 2, 2, 3] and groups.tolist() == [3.0, 0.0, 7.0]
+    assert run_token_groups(x, torch.tensor([0, 4], dtype=torch.int32), per_row=False)[2].tolist() == [True, False]
 
 
 def test_empty_inputs_round_trip():
@@ -144,11 +146,11 @@ import torch
 from titan_fp4six import four_over_six_quantize, four_over_six_quantize_decode, nvfp4_quantize, row_amax, tensor_amax
 x = torch.randn(64, 64, device="cuda")
 rows = row_amax(x)
-{call}(x, tensor_amax(x))
+({call})(x, tensor_amax(x))
 torch.cuda.synchronize()
 print("valid amax ok", flush=True)
 x[5, 7] = float("nan")
-{call}(x, {amax})
+({call})(x, {amax})
 torch.cuda.synchronize()
 print("bad amax passed", flush=True)
 """

@@ -58,6 +58,7 @@ def test_equals_per_group_loop_of_the_dense_op(recipe):
     fwd = torch.ops.titan_fp4six.grouped_fwd(A, W.transpose(-2, -1), offs, recipe.resolve(grouped=True).key)
     assert torch.equal(fwd[7], torch.tensor([e for e, (s, t) in enumerate(_groups(offs)) for _ in range(t - s)]
                                             + [len(offs)] * (A.shape[0] - int(offs[-1]))))  # saved for the backward
+    assert torch.equal(fwd[8], torch.tensor([s == t for s, t in _groups(offs)]))
     dense_recipe = FourOverSixRecipe(activation_scaling=recipe.activation_scaling, backward=recipe.resolved_backward(True))
     for e, (s, t) in enumerate(_groups(offs)):
         if s == t:
@@ -109,7 +110,7 @@ def test_high_precision_backward_oracle():
         assert_matches(dW[e], dy64.t() @ a64, dy64.t(), a64, 2.0 ** -8)
 
 
-def test_dequantized_saves_only_codes_scales_amax_offs_and_row_groups():
+def test_dequantized_saves_only_codes_scales_amax_offs_and_groups():
     A, W, offs, _ = _inputs(5)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
@@ -117,7 +118,8 @@ def test_dequantized_saves_only_codes_scales_amax_offs_and_row_groups():
                                  recipe=FourOverSixRecipe(backward="dequantized"))
     assert sorted(((t.dtype, tuple(t.shape)) for t in saved), key=str) == sorted([
         (torch.uint8, (70, 32)), (torch.float8_e4m3fn, (70, 4)), (torch.float32, (E,)), (torch.int32, (E,)),
-        (torch.uint8, (E * N, 32)), (torch.float8_e4m3fn, (E * N, 4)), (torch.float32, (E,)), (torch.int64, (70,))],
+        (torch.uint8, (E * N, 32)), (torch.float8_e4m3fn, (E * N, 4)), (torch.float32, (E,)), (torch.int64, (70,)),
+        (torch.bool, (E,))],
         key=str)
 
 

@@ -153,9 +153,9 @@ def amax_check(gen):
 
 
 def token_groups(gen):
-    """The grouped GEMM's token-group kernel (each row's group; amax per row or per group) against the reference:
-    one expert, empty groups (a repeated end, a first group of no rows), groups ending before the last row, NaN
-    and Inf in tokens and past the last group, a row stride wider than the row, every dtype."""
+    """The grouped GEMM's token-group kernel (each row's group; amax per row or per group; empty groups) against
+    the reference: one expert, empty groups (a repeated end, a first group of no rows), groups ending before the
+    last row, NaN and Inf in tokens and past the last group, a row stride wider than the row, every dtype."""
     from titan_fp4six.dispatch.amax import run_token_groups
     from titan_fp4six.kernels import amax as ka
 
@@ -168,9 +168,10 @@ def token_groups(gen):
         x[49, 0] = float("nan")  # a token only where offs[-1] is 50
         offs = torch.tensor(offs, dtype=torch.int32)
         for per_row in (True, False):
-            got, group = ka.token_groups(x, offs, per_row)
-            want, want_group = run_token_groups(x, offs, per_row)
+            got, group, empty = ka.token_groups(x, offs, per_row)
+            want, want_group, want_empty = run_token_groups(x, offs, per_row)
             bad = [] if torch.equal(group, want_group) else ["group ids"]
+            bad += [] if torch.equal(empty, want_empty) else [f"empty groups {empty.tolist()}"]
             same = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
             bad += [] if same else [f"amax {got.tolist()} != {want.tolist()}"]
             yield f"token_groups/{offs.tolist()}/{dtype}/per_row={per_row}", bad

@@ -45,21 +45,22 @@ def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
 
 
 def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
-                     quantizer: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                     quantizer: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A grouped GEMM's A by token group: (max |x| per row (R,), 0 for the rows at or past offs[-1], which are
     not tokens: whatever they hold, NaN included, never reaches an amax; or with per_row=False per group (E,),
-    0 for empty groups; each row's group (group_index)). One launch on CUDA. offs: inclusive group ends (int32,
-    non-decreasing, non-empty)."""
+    0 for empty groups; each row's group (group_index); which groups are empty (bool (E,))). One launch on
+    CUDA. offs: inclusive group ends (int32, non-decreasing, non-empty)."""
     kernels = _row_kernels(x, quantizer) if offs.is_contiguous() else None
     if kernels:
         return kernels.token_groups(x, offs, per_row)
     group = group_index(offs, x.shape[0])
+    empty = torch.cat((offs[:1], offs.diff())) == 0
     rows = row_amax_reference(x)
     if per_row:
-        return torch.where(group < offs.numel(), rows, 0.0), group
+        return torch.where(group < offs.numel(), rows, 0.0), group, empty
     # Rows that are not tokens land in the extra bucket E, which is dropped: garbage or NaN there never leaks.
     buckets = torch.zeros(offs.numel() + 1, dtype=torch.float32, device=x.device)
-    return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group
+    return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group, empty
 
 
 def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:

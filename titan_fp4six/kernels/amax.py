@@ -55,16 +55,20 @@ def _row_amax_kernel(x_ptr, out_ptr, R, C, stride, BR: tl.constexpr, BC: tl.cons
 
 
 @triton.jit(do_not_specialize=["R", "E"])
-def _token_groups_kernel(x_ptr, offs_ptr, group_ptr, out_ptr, R, C, stride, E, BR: tl.constexpr, BC: tl.constexpr,
-                         EP: tl.constexpr, PER_ROW: tl.constexpr):
+def _token_groups_kernel(x_ptr, offs_ptr, group_ptr, empty_ptr, out_ptr, R, C, stride, E, BR: tl.constexpr,
+                         BC: tl.constexpr, EP: tl.constexpr, PER_ROW: tl.constexpr):
     """A grouped GEMM's A (R, C) with inclusive group ends offs (E,), in one read: each row's group into group_ptr
     (int64: the number of ends at or below the row, as searchsorted(offs, row, right=True), so E for the rows at
     or past offs[-1], which are not tokens) and max |x| as FP32 bits into out: per row (PER_ROW; 0 for rows that
     are not tokens) or per group, by atomic max into zeros (rows that are not tokens never reach a group).
-    EP is E rounded up to a power of two."""
+    Program 0 also flags the empty groups (bool, E,), whose weight gradients the backward zeroes. EP is E rounded
+    up to a power of two."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     e = tl.arange(0, EP)
     ends = tl.load(offs_ptr + e, mask=e < E, other=2147483647)
+    if tl.program_id(0) == 0:
+        starts = tl.load(offs_ptr + e - 1, mask=(e > 0) & (e < E), other=0)
+        tl.store(empty_ptr + e, ends == starts, mask=e < E)
     group = tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), axis=1)
     tl.store(group_ptr + rows, group.to(tl.int64), mask=rows < R)
     acc = _row_max_bits(x_ptr, rows, R, C, stride, BR, BC)
@@ -119,22 +123,23 @@ def row_amax(x: torch.Tensor) -> torch.Tensor:
     return out.view(torch.float32)
 
 
-def token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def token_groups(x: torch.Tensor, offs: torch.Tensor,
+                 per_row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(max |x| as FP32: per row (R,), 0 for rows at or past offs[-1], or per group (E,), 0 for empty groups;
-    each row's group, int64 (R,), E at or past offs[-1]) of a grouped GEMM's A: a 2-D CUDA tensor with unit
-    column stride; offs its inclusive group ends, int32 (E,), E >= 1, non-decreasing. One launch (after a fill
-    of the per-group amaxes)."""
+    each row's group, int64 (R,), E at or past offs[-1]; which groups are empty, bool (E,)) of a grouped GEMM's
+    A: a 2-D CUDA tensor with unit column stride; offs its inclusive group ends, int32 (E,), E >= 1,
+    non-decreasing. One launch (after a fill of the per-group amaxes)."""
     rows, cols = x.shape
     experts = offs.numel()
     group = torch.empty(rows, dtype=torch.int64, device=x.device)
+    empty = torch.empty(experts, dtype=torch.bool, device=x.device)
     if per_row:
         out = torch.empty(rows, dtype=torch.int32, device=x.device)
     else:
         out = torch.zeros(experts, dtype=torch.int32, device=x.device)
-    if rows:
-        _TOKEN_GROUPS((cdiv(rows, ROW_BLOCK_ROWS), ), x, offs, group, out, rows, cols, x.stride(0), experts,
-                      ROW_BLOCK_ROWS, ROW_BLOCK_COLS, 1 << (experts - 1).bit_length(), per_row, num_warps=4)
-    return out.view(torch.float32), group
+    _TOKEN_GROUPS((max(cdiv(rows, ROW_BLOCK_ROWS), 1), ), x, offs, group, empty, out, rows, cols, x.stride(0), experts,
+                  ROW_BLOCK_ROWS, ROW_BLOCK_COLS, 1 << (experts - 1).bit_length(), per_row, num_warps=4)
+    return out.view(torch.float32), group, empty
 
 
 def dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Tensor:

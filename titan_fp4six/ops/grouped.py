@@ -32,15 +32,15 @@ def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
 
 @compile_opaque_op("grouped_fwd")
 def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
-                recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,) and
-    the group of each row (M,) (group_index; the backward reuses it)."""
+                recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,), the
+    group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
     r = recipe_from_key(recipe)
     check_offs_values(offs, A.shape[0])
     experts, n = B_t.shape[0], B_t.shape[2]
     # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
     # token's amax
-    a_amax, group_of_row = run_token_groups(A, offs, r.row_scaled, r.quantizer)
+    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, r.row_scaled, r.quantizer)
     a_amax_rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
     decode = decode_on(A.device, r.gemm)
     aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
@@ -49,7 +49,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     MAP4_STATS.add(a_map4, group_of_row, experts)
     MAP4_STATS.add(w_map4)
     out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
-    return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row
+    return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 
 
 @grouped_fwd.register_fake
@@ -59,17 +59,18 @@ def _(A, B_t, offs, recipe):
     row_scaled = recipe_from_key(recipe).row_scaled
     return (A.new_empty(m, n), A.new_empty(m, k // 2, dtype=u8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=f32), A.new_empty(e * n, k // 2, dtype=u8),
-            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32), A.new_empty(m, dtype=torch.int64))
+            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32), A.new_empty(m, dtype=torch.int64),
+            A.new_empty(e, dtype=torch.bool))
 
 
 @compile_opaque_op("grouped_bwd")
 def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, group_of_row: Tensor,
-                a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None,
+                empty_groups: Tensor, a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None,
                 w_scales: Tensor | None, w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype,
                 w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
     grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands. group_of_row
-    is the forward's group_index(offs, M)."""
+    and empty_groups are the forward's."""
     r = recipe_from_key(recipe)
     experts = offs.numel()
     if r.backward == "dequantized":
@@ -87,13 +88,12 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     if need_da:
         dA = torch._grouped_mm(dy, w, offs=offs).masked_fill_((group_of_row >= experts)[:, None], 0)
     if need_dw:
-        counts = torch.cat((offs[:1], offs.diff()))  # diff(prepend=0) would add a fill launch
-        dW = torch._grouped_mm(dy.t(), A, offs=offs).masked_fill_((counts == 0)[:, None, None], 0).to(w_dtype)
+        dW = torch._grouped_mm(dy.t(), A, offs=offs).masked_fill_(empty_groups[:, None, None], 0).to(w_dtype)
     return dA, dW
 
 
 @grouped_bwd.register_fake
-def _(dy, A, B_t, offs, group_of_row, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype,
+def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype,
       need_da, need_dw):
     m, n = dy.shape
     k = A.shape[1] if A is not None else a_codes.shape[1] * 2
@@ -106,11 +106,11 @@ class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
         key = recipe.key
-        out, ac, as_, aa, wc, ws, wa, group_of_row = grouped_fwd(A, B_t, offs, key)
-        if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and row groups stay alive
-            ctx.save_for_backward(None, None, offs, group_of_row, ac, as_, aa, wc, ws, wa)
+        out, ac, as_, aa, wc, ws, wa, group_of_row, empty_groups = grouped_fwd(A, B_t, offs, key)
+        if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
+            ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, wa)
         else:
-            ctx.save_for_backward(A, B_t, offs, group_of_row, None, None, None, None, None, None)
+            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, None, None, None, None)
         ctx.config = (key, A.dtype, B_t.dtype)
         return out
 

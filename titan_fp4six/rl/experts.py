@@ -77,7 +77,7 @@ def quantize_rows(x: Tensor, offs: Tensor, recipe) -> tuple[Tensor, Tensor]:
     if recipe.row_scaled:
         amax = row_amax(x)
     else:
-        amax = expand_per_row(*run_token_groups(x, offs, per_row=False, quantizer=recipe.quantizer))
+        amax = expand_per_row(*run_token_groups(x, offs, per_row=False, quantizer=recipe.quantizer)[:2])
     decoded, _ = four_over_six_quantize_decode(x.contiguous(), amax, block="1x16", err_mode=recipe.err_mode,
                                                scale_bound=recipe.scale_bound, quantizer=recipe.quantizer,
                                                choose=recipe.activations_choose, validate_amax=False)
