@@ -2,7 +2,8 @@
 
 max |x| is exact, so only NaN needs care: the max is taken over the FP32 bit patterns of |x| as int32,
 where every positive NaN lies above +Inf, so a NaN propagates and comes out as one of the input's own NaN
-patterns (as torch.amax returns), never a canonical NaN of the hardware's choosing. """
+patterns (as torch.amax returns), never a canonical NaN of the hardware's choosing.
+"""
 
 import torch
 import triton

@@ -65,9 +65,9 @@ def _(A, B_t, offs, recipe):
 
 @compile_opaque_op("grouped_bwd")
 def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, group_of_row: Tensor,
-                empty_groups: Tensor, a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None, w_codes: Tensor | None,
-                w_scales: Tensor | None, w_amax: Tensor | None, recipe: str, a_dtype: torch.dtype,
-                w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
+                empty_groups: Tensor, a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None,
+                w_codes: Tensor | None, w_scales: Tensor | None, w_amax: Tensor | None, recipe: str,
+                a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
     grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands. group_of_row
     and empty_groups are the forward's."""
@@ -93,8 +93,8 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
 
 
 @grouped_bwd.register_fake
-def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe, a_dtype, w_dtype,
-      need_da, need_dw):
+def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe,
+      a_dtype, w_dtype, need_da, need_dw):
     m, n = dy.shape
     k = A.shape[1] if A is not None else a_codes.shape[1] * 2
     dA = dy.new_empty(m, k, dtype=a_dtype) if need_da else dy.new_empty(0)
