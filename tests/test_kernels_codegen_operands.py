@@ -119,8 +119,8 @@ def test_token_groups_vectorizes_rows(per_row):
     from titan_fp4six.kernels import amax as ka
 
     assert {p.name for p in ka._token_groups_kernel.params if p.do_not_specialize} == {"R", "E"}
-    signature = {"x_ptr": "*bf16", "offs_ptr": "*i32", "group_ptr": "*i64", "out_ptr": "*i32", "R": "i32",
-                 "C": "i32", "stride": "i32", "E": "i32"}
+    signature = {"x_ptr": "*bf16", "offs_ptr": "*i32", "group_ptr": "*i64", "empty_ptr": "*i1", "out_ptr": "*i32",
+                 "R": "i32", "C": "i32", "stride": "i32", "E": "i32"}
     constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, EP=8, PER_ROW=per_row)
     ptx = _compile(ka._token_groups_kernel, signature, constexprs, 4, divisible=("x_ptr", "C", "stride"))
     assert _accesses(ptx, "ld")[".v4"] > 0
