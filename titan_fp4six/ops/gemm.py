@@ -101,6 +101,7 @@ def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Oper
                                                             offs, experts, out_dtype)
         return torch.where((group_of_row < experts)[:, None], out, 0)
     w_dec = w.block_scaled(recipe.quantizer).view(experts, -1, w.codes.shape[1] * 2)
-    prod = torch._grouped_mm(a.block_scaled(recipe.quantizer), w_dec.transpose(-2, -1), offs=offs)  # bf16: the extra rounding
+    # bf16 output: the extra rounding
+    prod = torch._grouped_mm(a.block_scaled(recipe.quantizer), w_dec.transpose(-2, -1), offs=offs)
     return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, recipe.scale_bound, out_dtype,
                                   recipe.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0
