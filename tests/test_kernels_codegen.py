@@ -12,18 +12,21 @@ import pytest
 triton = pytest.importorskip("triton")
 
 
-def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug: bool = False) -> str:
+def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug: bool = False, map4: int = 1,
+         groups: bool = False) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from titan_fp4six.kernels.quantize import CHECK_OPTIONS, _quantize_kernel
 
-    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1",
-                "dec_ptr": "*bf16"}  # as the launcher passes them (torch.bool is *i1)
+    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "group_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
+                "map4_ptr": "*i64" if map4 == 2 else "*i1", "dec_ptr": "*bf16"}  # as the launcher passes them
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False,
-                      MAP6_ONLY=False, CHECK_AMAX=check_amax)
-    scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
+                      MAP6_ONLY=False, CHECK_AMAX=check_amax, GROUPS=groups, BY_GROUP=groups,
+                      MAP4=map4 if four_six else 0)
+    scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
+               "M": "i32"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)
     try:
@@ -69,3 +72,13 @@ def test_amax_check_adds_only_its_asserts(four_six):
     checked = _ptx(enable_fp_fusion=False, four_six=four_six, check_amax=True, debug=True)
     assert "__assertfail" in checked and _fmas(checked) == explicit
     assert "__assertfail" not in _ptx(enable_fp_fusion=False, four_six=four_six, debug=True)
+
+
+def test_map4_counting_adds_only_its_atomics():
+    """The ops' variant counts map-to-4 blocks per token group (MAP4=2, GROUPS) with two 64-bit atomic adds per
+    program and the same explicit FMAs; the mask-writing variant has no atomics."""
+    explicit = _fmas(_ptx(enable_fp_fusion=False, four_six=True))
+    counting = _ptx(enable_fp_fusion=False, four_six=True, map4=2, groups=True)
+    assert len(re.findall(r"\batom\.global\.(gpu\.)?(relaxed\.|acq_rel\.)?(gpu\.)?add\.u64\b", counting)) == 2
+    assert _fmas(counting) == explicit
+    assert "atom." not in _ptx(enable_fp_fusion=False, four_six=True)

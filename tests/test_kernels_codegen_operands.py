@@ -34,12 +34,14 @@ def _quantizer_ptx(kind: int, four_six: bool, transposed: bool) -> str:
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
     launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
-    signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "codes_ptr": "*u8",
-                 "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32", "NBLK": "i32",
-                 "row_words": "i32", "amax_stride": "i32", "CHUNKS": "i32", "M": "i32"}
+    signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "group_ptr": "*fp32",
+                 "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32",
+                 "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
+                 "M": "i32"}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
-                      NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False)
+                      NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False, GROUPS=False,
+                      BY_GROUP=False, MAP4=int(four_six))
     return _compile(_quantize_kernel, signature, constexprs, launch.warps)
 
 
@@ -71,9 +73,10 @@ def test_nvfp4_with_decode(kind, transposed):
 def test_decode_kernel():
     from titan_fp4six.kernels import decode as kd
 
-    signature = {"codes_ptr": "*u8", "scales_ptr": "*u8", "amax_ptr": "*fp32", "out_ptr": "*bf16", "R": "i32",
-                 "NBLK": "i32", "amax_stride": "i32"}
-    constexprs = dict(GLOBAL=True, R6B=1.0 / 1536.0, OUT=0, BR=kd.BLOCK_ROWS, NB=kd.BLOCK_BLOCKS)
+    signature = {"codes_ptr": "*u8", "scales_ptr": "*u8", "amax_ptr": "*fp32", "group_ptr": "*i64",
+                 "out_ptr": "*bf16", "R": "i32", "NBLK": "i32", "amax_div": "i32", "n_groups": "i32"}
+    constexprs = dict(GLOBAL=True, GROUPS=True, BY_GROUP=True, R6B=1.0 / 1536.0, OUT=0, BR=kd.BLOCK_ROWS,
+                      NB=kd.BLOCK_BLOCKS)
     ptx = _compile(kd._decode_kernel, signature, constexprs, kd.WARPS)
     assert _fmas(ptx) == 0 and not re.search(r"\bdiv\.", ptx)
     _check_rounding(ptx)

@@ -10,7 +10,8 @@ import torch
 
 from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,
-                                         compare_nvfp4_decode, decode_case, epilogue_cases)
+                                         compare_nvfp4_decode, compare_row_groups, decode_case, epilogue_cases,
+                                         row_groups_cases)
 from titan_fp4six import dispatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -123,6 +124,38 @@ def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
     dec, codes, scales, _ = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
+
+
+@pytest.mark.parametrize("err_mode, bound", KNOBS)
+def test_amax_read_per_row_by_the_kernels(kq, kd, err_mode, bound):
+    """Token groups (amax per group or per row, NaN garbage past offs[-1]) and expert runs of rows, read by the
+    quantizer and the dequantizer themselves; the map-to-4 mask, counts and neither."""
+    gen = torch.Generator().manual_seed(8)
+    failures = []
+    for rows, cols, experts in ((37, 48, (3, 16)), (2051, 1024, (8, 256))):
+        for label, x, amax, groups, block in row_groups_cases(gen, "cuda", rows, cols, experts):
+            bad = compare_row_groups(kq, kd, x, amax, groups, block, err_mode, bound)
+            if bad:
+                failures.append(f"{rows}x{cols} {label}: {bad}")
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("block", ["1x16", "16x16"])
+def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
+    """Counting programs of up to 8 chunks whose near ties send chunks through the exact path after the loop:
+    the exact choice replaces the fast one in the counts, which equal the reference mask's."""
+    from titan_fp4six.numerics import reference
+
+    monkeypatch.setattr(kq, "MIN_PROGRAMS", 1)
+    kq._chunks_per_program.cache_clear()
+    x, amax = near_tie_case(block, "mse", 256)
+    x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
+    x, amax = x.cuda(), amax.cuda()
+    counts = torch.zeros(2, dtype=torch.int64, device="cuda")
+    kq.four_over_six_quantize(x, amax, block, "mse", 256, map4=counts)
+    kq._chunks_per_program.cache_clear()
+    want = reference.map4_counts(reference.four_over_six_reference(x, amax, block, "mse", 256)[2])
+    assert torch.equal(counts, want) and 0 < want[0] < want[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -1,5 +1,6 @@
 """The map-to-4 accumulator the ops feed from their forward quantizations."""
 
+import pytest
 import torch
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
@@ -7,29 +8,29 @@ from titan_fp4six.dispatch import four_over_six_quantize, group_amax, tensor_ama
 from titan_fp4six.ops import MAP4_STATS, Map4Stats
 
 
-def test_accumulates_on_device_and_resets():
+def test_counts_per_device_while_enabled_and_resets():
     stats = Map4Stats()
     assert stats.read_and_reset() is None
-    stats.add(torch.tensor([[True, False], [True, True]]))
-    stats.add(torch.tensor([[False, False, True]]), torch.tensor([0]), 1)  # group 0 of 1: data
-    stats.add(torch.tensor([[True, True]]), torch.tensor([1]), 1)  # past the last group: not counted
-    assert all(isinstance(h, torch.Tensor) for h in stats._counts[torch.device("cpu")].hits)
-    assert stats.read_and_reset() == 4 / 7
+    counts = stats.counts(torch.device("cpu"))
+    assert counts.dtype == torch.int64 and counts.tolist() == [0, 0]
+    counts.add_(torch.tensor([3, 8]))
+    assert stats.counts(torch.device("cpu")) is counts  # one running pair per device
+    stats.counts(torch.device("cpu")).add_(torch.tensor([1, 2]))
+    assert stats.read_and_reset() == 4 / 10
+    assert stats.read_and_reset() is None
+    stats.enabled = False
+    assert stats.counts(torch.device("cpu")) is False  # the quantizers then neither count nor write a mask
     assert stats.read_and_reset() is None
 
 
-def test_pending_counts_fold_without_a_read():
-    stats = Map4Stats()
-    for _ in range(1000):
-        stats.add(torch.tensor([[True, False, False]]))
-        stats.add(torch.tensor([[True, True], [True, True]]), torch.tensor([1, 2]), 2)
-    counts = stats._counts[torch.device("cpu")]
-    assert len(counts.hits) < 64 and len(counts.device_totals) < 64
-    assert stats.read_and_reset() == 3000 / 5000
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-def test_dense_forward_feeds_activation_and_weight_blocks():
-    x, w = torch.randn(32, 64), torch.randn(48, 64)
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_forward_feeds_activation_and_weight_blocks(device):
+    """The ops' counts (the kernel's own on CUDA, the reference's elsewhere) equal the public quantizers' masks."""
+    x, w = torch.randn(32, 64, device=device), torch.randn(48, 64, device=device)
     MAP4_STATS.read_and_reset()
     four_over_six_mm(x, w, recipe=FourOverSixRecipe())
     mx = four_over_six_quantize(x, tensor_amax(x)).map4
@@ -39,12 +40,21 @@ def test_dense_forward_feeds_activation_and_weight_blocks():
     assert MAP4_STATS.read_and_reset() == expected
 
 
-def test_grouped_forward_skips_tail_rows():
-    A, W = torch.randn(40, 64), torch.randn(2, 32, 64)
-    offs = torch.tensor([12, 30], dtype=torch.int32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_forward_skips_tail_rows(device):
+    A, W = torch.randn(40, 64, device=device), torch.randn(2, 32, 64, device=device)
+    A[30:] = float("nan")  # not tokens
+    offs = torch.tensor([12, 30], dtype=torch.int32, device=device)
     MAP4_STATS.read_and_reset()
     four_over_six_grouped_mm(A, W.transpose(-2, -1), offs, recipe=FourOverSixRecipe())
-    amax_rows = group_amax(A, offs).repeat_interleave(torch.tensor([12, 18]))
+    amax_rows = group_amax(A, offs).repeat_interleave(torch.tensor([12, 18], device=device))
     ma = four_over_six_quantize(A[:30], amax_rows).map4
     mw = torch.cat([four_over_six_quantize(W[e], tensor_amax(W[e]), block="16x16").map4 for e in range(2)])
     assert MAP4_STATS.read_and_reset() == (ma.sum() + mw.sum()).item() / (ma.numel() + mw.numel())
+
+
+def test_nothing_counted_while_disabled(monkeypatch):
+    monkeypatch.setattr(MAP4_STATS, "enabled", False)
+    MAP4_STATS.read_and_reset()
+    four_over_six_mm(torch.randn(16, 32), torch.randn(16, 32), recipe=FourOverSixRecipe())
+    assert MAP4_STATS.read_and_reset() is None

@@ -4,7 +4,7 @@ token groups against the reference compositions on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [SECTION ...]  (all: none)
 
-SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check, token_groups.
+SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check, token_groups, row_groups.
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -21,7 +21,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import _data, amax_check_cases, near_tie_case  # noqa: E402
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
-                                         compare_nvfp4_decode, decode_case, epilogue_cases)
+                                         compare_nvfp4_decode, compare_row_groups, decode_case, epilogue_cases,
+                                         row_groups_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.dispatch import tensor_amax  # noqa: E402
@@ -177,12 +178,38 @@ def token_groups(gen):
             yield f"token_groups/{offs.tolist()}/{dtype}/per_row={per_row}", bad
 
 
+def row_groups(gen):
+    """Amax read per row by the kernels (token groups, per-row tokens, expert runs), the map-to-4 mask, counts
+    and neither, and the dequantizer; then the counts of programs of several chunks, some redone exactly after
+    the chunk loop (the near ties, as in the quantizer sweep), whose exact choice replaces the fast one's count."""
+    from titan_fp4six.numerics import reference
+
+    knobs = (("mse", 256), ("mae", 448))
+    cases = row_groups_cases(gen, "cpu", rows=23, cols=32, dtypes=(torch.bfloat16, ))
+    for index, (label, x, amax, groups, block) in enumerate(cases):
+        err_mode, bound = knobs[index % 2]
+        yield f"row_groups/{label}/{err_mode}/{bound}", compare_row_groups(kq, kd, x, amax, groups, block, err_mode,
+                                                                          bound)
+    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
+    for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
+        x, amax = near_tie_case(block, err_mode, bound, count=8)
+        x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
+        mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
+        counts = torch.zeros(2, dtype=torch.int64)
+        kq.four_over_six_quantize(x, amax, block, err_mode, bound, map4=counts)
+        want = reference.map4_counts(mask)
+        yield (f"row_groups/near ties counted/{block}",
+               [] if torch.equal(counts, want) and 0 < want[0] < want[1] else [f"{counts.tolist()} {want.tolist()}"])
+    kq.MIN_PROGRAMS = floor
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     configs = mismatches = 0
     start = time.time()
     sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only,
-                "epilogue": epilogue, "amax_check": amax_check, "token_groups": token_groups}
+                "epilogue": epilogue, "amax_check": amax_check, "token_groups": token_groups,
+                "row_groups": row_groups}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1

@@ -138,3 +138,55 @@ def compare_epilogue(ke, kind, args):
     else:
         got, want = ke.grouped_scale_cast(*args), reference.grouped_scale_cast_reference(*args)
     return _diffs(kind, {"out": got}, {"out": want})
+
+
+def row_groups_cases(gen, device, rows=37, cols=48, experts_rows=(3, 16), dtypes=(torch.bfloat16, torch.float32)):
+    """(label, x, amax, groups, block) of amaxes the quantizer reads per row itself: a grouped GEMM's A by token
+    group (amax per group, or per row when row-scaled; empty groups, NaN garbage past offs[-1], a NaN token and
+    a zero-amax group) and expert weights flattened to (E*N, K) with one amax per expert's N rows (1x16 and
+    16x16 tiles inside an expert)."""
+    from titan_fp4six.dispatch.amax import run_expert_amax, run_token_groups
+
+    offs = torch.tensor([0, rows // 3, rows // 3, rows - 7], dtype=torch.int32, device=device)
+    for dtype in dtypes:
+        x = (torch.randn(rows, cols, generator=gen) * 4).to(dtype).to(device)
+        x[rows - 7:] = float("nan")  # not tokens: never read by an amax, never counted
+        x[rows // 3 + 1, 3] = float("nan")
+        for per_row in (False, True):
+            amax, group, _ = run_token_groups(x, offs, per_row)
+            if not per_row:
+                amax[3] = 0.0  # a group whose amax is 0 (its blocks quantize to zeros and count)
+            groups = reference.RowGroups(group, offs.numel(), amax_by_group=not per_row)
+            yield f"tokens/{dtype}/per_row={per_row}", x, amax, groups, "1x16"
+        experts, n = experts_rows
+        for block, per_expert in (("1x16", 5), ("16x16", n)):
+            w = (torch.randn(experts * per_expert, cols, generator=gen) * 2.0 ** torch.randint(
+                -6, 6, (experts * per_expert, 1), generator=gen)).to(dtype).to(device)
+            yield (f"experts/{dtype}/{block}/{experts}x{per_expert}", w, run_expert_amax(w, experts), None, block)
+
+
+def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
+    """The quantizer and the dequantizer reading the amax per row themselves (token groups, expert runs), with
+    the mask, with the counts added to a running pair, and with neither, against the reference of the amax
+    expanded per row (reference.amax_per_row) and reference.map4_counts."""
+    amax_rows = reference.amax_per_row(amax, x.shape[0], groups)
+    codes, scales, mask = reference.four_over_six_reference(x, amax_rows, block, err_mode, scale_bound)
+    want = {"codes": codes, "scales": scales, "map4": mask}
+    dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups)
+    want["dec"] = reference.decode_block_scaled_reference(codes, scales)
+    bad = _diffs("mask", {"codes": c, "scales": s, "map4": m, "dec": dec}, want)
+    start = torch.tensor([5, 7], dtype=torch.int64, device=x.device)
+    counts = start.clone()
+    c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound, groups=groups, map4=counts)
+    same = {"codes": codes, "scales": scales}
+    bad += _diffs("counted", {"codes": c, "scales": s}, same) + ([] if m is None else ["counted.map4 not None"])
+    want_counts = start + reference.map4_counts(mask, groups)
+    bad += [] if torch.equal(counts, want_counts) else [f"counts {counts.tolist()} != {want_counts.tolist()}"]
+    dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups, map4=False)
+    same["dec"] = want["dec"]
+    bad += _diffs("no map4", {"codes": c, "scales": s, "dec": dec}, same) + ([] if m is None else ["map4 not None"])
+    for dtype in (torch.bfloat16, torch.float32):
+        got = kd.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype, groups)
+        ref = reference.dequantize_reference(codes, scales, amax_rows, scale_bound, dtype)
+        bad += _diffs(f"dequantize[{dtype}]", {"v": got}, {"v": ref})
+    return bad

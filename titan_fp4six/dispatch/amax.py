@@ -44,6 +44,12 @@ def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     return kernels.row_amax(x) if kernels else row_amax_reference(x)
 
 
+def run_expert_amax(w: torch.Tensor, experts: int, quantizer: str = "auto") -> torch.Tensor:
+    """Per-expert max |w| (E,) of expert weights flattened to (E*N, K): the max of each expert's row amaxes (one
+    read of the weights, no |w| copy)."""
+    return run_row_amax(w, quantizer).view(experts, -1).amax(dim=1)
+
+
 def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
                      quantizer: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A grouped GEMM's A by token group: (max |x| per row (R,), 0 for the rows at or past offs[-1], which are

@@ -9,26 +9,35 @@ import torch
 
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
+from ..numerics.reference import RowGroups
 from ..numerics.validation import check_amax_covers
 from .backend import kernels_for
 
 
 def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode: str, scale_bound: int,
-                      quantizer: str, decode: bool, choose: bool = True, check_amax: bool = False):
-    """(codes, scales, map4, bf16 block-scaled decode or None) of a validated 2-D x.
+                      quantizer: str, decode: bool, choose: bool = True, check_amax: bool = False,
+                      groups: RowGroups | None = None, map4: bool | torch.Tensor = True):
+    """(codes, scales, map4 mask or None, bf16 block-scaled decode or None) of a validated 2-D x.
 
+    Each row's amax: reference.amax_per_row(amax, rows, groups) (per tensor, row, run of rows or token group).
     With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
     choose=False keeps map-to-6 in every block; check_amax runs the public amax check (the kernel asserts it in
-    its own read of x)."""
+    its own read of x). map4: True returns the map-to-4 mask, False none, an int64 (2,) tensor gets
+    reference.map4_counts added instead (the kernel counts in its own pass: no mask, no reduction launch)."""
     kernels = _quantize_kernels(x, amax, quantizer, check_amax)
     if kernels is not None:
         if decode:
-            dec, codes, scales, map4 = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound,
-                                                                             choose, check_amax)
-            return codes, scales, map4, dec
-        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound, choose, check_amax), None)
-    codes, scales, map4 = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound, choose)
-    return codes, scales, map4, (run_decode_block_scaled(codes, scales, quantizer) if decode else None)
+            dec, codes, scales, mask = kernels.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound,
+                                                                             choose, check_amax, groups, map4)
+            return codes, scales, mask, dec
+        return (*kernels.four_over_six_quantize(x, amax, block, err_mode, scale_bound, choose, check_amax, groups,
+                                                map4), None)
+    amax_rows = reference.amax_per_row(amax, x.shape[0], groups)
+    codes, scales, mask = reference.four_over_six_reference(x, amax_rows, block, err_mode, scale_bound, choose)
+    if isinstance(map4, torch.Tensor):
+        map4.add_(reference.map4_counts(mask, groups))
+    return codes, scales, (mask if map4 is True else None), (
+        run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
 
 def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool = False, check_amax: bool = False):
@@ -65,16 +74,17 @@ def _padded_transpose(x: torch.Tensor) -> torch.Tensor:
 
 
 def run_four_over_six_columnwise(x: torch.Tensor, amax: torch.Tensor, err_mode: str, scale_bound: int,
-                                 quantizer: str, decode: bool, choose: bool = True):
+                                 quantizer: str, decode: bool, choose: bool = True, map4: bool = True):
     """Four-over-six (1x16) of x^T for a 2-D x (M, K) with a per-tensor amax, blocked along M: (codes, scales,
-    map4, decode or None) of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes
-    the zero-padded transpose (same bytes)."""
+    map4 or None, decode or None) of shape (K, ceil16(M) ...). The kernel reads x in place; the reference
+    quantizes the zero-padded transpose (same bytes)."""
     kernels = _columnwise_kernels(x, amax, quantizer)
     if kernels is not None:
-        dec, codes, scales, map4 = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode,
-                                                                             choose)
-        return codes, scales, map4, dec
-    return run_four_over_six(_padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose)
+        dec, codes, scales, mask = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode,
+                                                                             choose, map4)
+        return codes, scales, mask, dec
+    return run_four_over_six(_padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose,
+                             map4=map4)
 
 
 def run_nvfp4_columnwise(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool):
@@ -96,9 +106,10 @@ def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer
 
 
 def run_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int, dtype,
-                   quantizer: str = "auto") -> torch.Tensor:
-    """Real values of validated codes, scales and amax, in dtype."""
+                   quantizer: str = "auto", groups: RowGroups | None = None) -> torch.Tensor:
+    """Real values of validated codes, scales and amax (each row's by reference.amax_per_row), in dtype."""
     kernels = kernels_for(codes, quantizer, "decode", scales)
     if kernels is not None:
-        return kernels.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype)
-    return reference.dequantize_reference(codes, scales, amax, scale_bound, dtype)
+        return kernels.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype, groups)
+    amax_rows = reference.amax_per_row(amax, codes.shape[0], groups)
+    return reference.dequantize_reference(codes, scales, amax_rows, scale_bound, dtype)

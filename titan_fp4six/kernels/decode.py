@@ -6,6 +6,8 @@ cast to the output dtype with round-to-nearest-even): the same FP32 operations i
 time (no FMA contraction). Launchers take validated, contiguous CUDA tensors (or run under the interpreter).
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -42,18 +44,37 @@ def bf16_rne(v):
     return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "amax_stride"])
-def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, out_ptr, R, NBLK, amax_stride, GLOBAL: tl.constexpr,
-                   R6B: tl.constexpr, OUT: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
+@triton.jit
+def load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS: tl.constexpr, BY_GROUP: tl.constexpr):
+    """(each row's global amax, whether the row is data), as numerics.reference.amax_per_row maps them:
+    amax_ptr[row // amax_div] (amax_div consecutive rows share a value: 1 per row, R per tensor, N per expert)
+    or, BY_GROUP, amax_ptr[the row's group]; with GROUPS, rows whose group (int64 at group_ptr) is n_groups or
+    more are not data and get amax 0, as do rows at or past R."""
+    if GROUPS:
+        group = tl.load(group_ptr + rows, mask=rows < R, other=n_groups)
+        data = group < n_groups
+    else:
+        data = rows < R
+    if BY_GROUP:
+        index = group
+    else:
+        index = rows // amax_div
+    return tl.load(amax_ptr + index, mask=data, other=0.0), data
+
+
+@triton.jit(do_not_specialize=["R", "NBLK", "amax_div", "n_groups"])
+def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, group_ptr, out_ptr, R, NBLK, amax_div, n_groups,
+                   GLOBAL: tl.constexpr, GROUPS: tl.constexpr, BY_GROUP: tl.constexpr, R6B: tl.constexpr,
+                   OUT: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
     """Values of BR rows x NB blocks: e2m1 value * f32(scale), times the global factor when GLOBAL
-    (scale = (f32(sf) * amax) * R6B, R6B = fl(1/(6B)), amax per tensor (amax_stride 0) or per row (1))."""
+    (scale = (f32(sf) * amax) * R6B, R6B = fl(1/(6B)), each row's amax by load_row_amax)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
     blks = (tl.program_id(1) * NB + tl.arange(0, NB))[None, :]
     ok = (rows < R) & (blks < NBLK)
     rows64 = rows.to(tl.int64)
     scale = e4m3_value(tl.load(scales_ptr + rows64 * NBLK + blks, mask=ok, other=0).to(tl.int32))
     if GLOBAL:
-        amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=0.0)
+        amax, _ = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
         scale = (scale * amax) * R6B
     scale = scale[:, :, None]
     byte = (rows64 * (NBLK * 8) + blks * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]
@@ -72,7 +93,23 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, out_ptr, R, NBLK, amax_strid
 _DECODE = FastLaunch(_decode_kernel)
 
 
-def _decode(codes, scales, amax, scale_bound, dtype):
+class AmaxLayout(NamedTuple):
+    """load_row_amax's arguments for an amax of shape () or (G,) and optional RowGroups, as
+    numerics.reference.amax_per_row reads them (group_ptr is any tensor when not `groups`)."""
+    group_ptr: torch.Tensor
+    amax_div: int
+    n_groups: int
+    groups: bool
+    by_group: bool
+
+    @staticmethod
+    def of(amax: torch.Tensor, rows: int, groups=None) -> "AmaxLayout":
+        if groups is not None:
+            return AmaxLayout(groups.group_of_row, 1, groups.n_groups, True, groups.amax_by_group)
+        return AmaxLayout(amax, max(rows, 1) if amax.dim() == 0 else rows // amax.numel(), 0, False, False)
+
+
+def _decode(codes, scales, amax, scale_bound, dtype, groups=None):
     rows, half = codes.shape
     nblk = half // 8
     out = torch.empty(rows, half * 2, dtype=dtype, device=codes.device)
@@ -81,9 +118,13 @@ def _decode(codes, scales, amax, scale_bound, dtype):
         raise ValueError(f"codes of shape {tuple(codes.shape)} need {grid[1]} programs along a row; the grid takes "
                          f"at most {MAX_GRID_Y}")
     if rows and nblk:
-        _DECODE(grid, codes, scales.view(torch.uint8), scales if amax is None else amax, out, rows, nblk,
-                0 if amax is None else amax.dim(), amax is not None, f32_reciprocal(6.0 * scale_bound),
-                OUT_KIND[dtype], BLOCK_ROWS, BLOCK_BLOCKS, num_warps=WARPS, **COMPILE_OPTIONS)
+        factor = amax is not None
+        amax = amax if factor else scales  # no global factor: any tensor for the unused pointers
+        layout = AmaxLayout.of(amax, rows, groups)
+        _DECODE(grid, codes, scales.view(torch.uint8), amax, layout.group_ptr, out, rows, nblk, layout.amax_div,
+                layout.n_groups, factor, layout.groups, layout.by_group,
+                f32_reciprocal(6.0 * scale_bound), OUT_KIND[dtype], BLOCK_ROWS, BLOCK_BLOCKS, num_warps=WARPS,
+                **COMPILE_OPTIONS)
     return out
 
 
@@ -99,7 +140,8 @@ def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tens
 
 
 def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     dtype: torch.dtype = torch.float32, groups=None) -> torch.Tensor:
     """(R, C) values e2m1 * ((f32(sf) * amax) * fl(1/(6B))) in dtype (bf16, fp16 or fp32), amax FP32 of shape ()
-    or (R,); bitwise equal to reference.dequantize_reference."""
-    return _decode(codes, scales, amax, scale_bound, dtype)
+    or (G,), or per group / row with RowGroups `groups` (reference.amax_per_row); bitwise equal to
+    reference.dequantize_reference of the amax per row."""
+    return _decode(codes, scales, amax, scale_bound, dtype, groups)

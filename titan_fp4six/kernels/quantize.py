@@ -20,7 +20,7 @@ import triton.language as tl
 from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
-from .decode import e4m3_value
+from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
 
@@ -472,10 +472,10 @@ def _tile_max(bamax, TILE16: tl.constexpr):
 
 @triton.jit
 def _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
-                 FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
-    """A chunk's outputs: scale bytes and packed codes; for four-over-six the map-to-4 flags (and the decode)."""
+                 WRITE_MAP4: tl.constexpr, TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
+    """A chunk's outputs: scale bytes and packed codes; the map-to-4 flags (WRITE_MAP4) and the decode."""
     index = _block_index(rows64, blks, NBLK, TILE16)
-    if FOUR_SIX:
+    if WRITE_MAP4:
         tl.store(map4_ptr + index, pick.to(tl.uint8), mask=ok)
     if WRITE_DEC:  # whole sectors for 16x16 (0.237 -> 0.230 ms on an H200), not for 1x16 (0.176 -> 0.188 ms)
         _store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True, TILE16)
@@ -524,13 +524,14 @@ def _bit_or(a, b):
     return a | b
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_stride", "CHUNKS", "M"])
-def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words, amax_stride,
-                     CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr, MSE: tl.constexpr,
-                     SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr, VEC: tl.constexpr,
-                     PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr,
-                     TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
-                     CHECK_AMAX: tl.constexpr = False):
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_div", "n_groups", "CHUNKS", "M"])
+def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words,
+                     amax_div, n_groups, CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr,
+                     MSE: tl.constexpr, SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr,
+                     VEC: tl.constexpr, PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr,
+                     NB: tl.constexpr, TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
+                     CHECK_AMAX: tl.constexpr = False, GROUPS: tl.constexpr = False, BY_GROUP: tl.constexpr = False,
+                     MAP4: tl.constexpr = 1):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -541,8 +542,9 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     to it inside the loop (H200, 16384x7168, 1x16, same bounds).
 
     The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
-    divisibility pattern of the shape), and amax_stride is 0 (per-tensor) or 1 (per-row), so one compiled
-    kernel serves every shape and both amax modes; except 16x16 with one amax per tensor, which reads it as a
+    divisibility pattern of the shape), and each row's amax is read by load_row_amax (per tensor, per row, per
+    run of rows such as an expert's, or per token group with GROUPS / BY_GROUP), so one compiled kernel serves
+    every shape and the per-tensor and per-row modes; except 16x16 with one amax per tensor, which reads it as a
     scalar (SCALAR_AMAX): a tile column's scales are then computed once per thread, not once for each row it
     holds (0.168 -> 0.151 ms on an H200; 1x16 gains nothing from it and measured 2% slower). SIX_B = 6B stays
     a constant: the divisions by it then share one reciprocal seed.
@@ -556,7 +558,11 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     and the decode as int32 words, scales and map4 as bytes.
 
     CHECK_AMAX (launched with CHECK_OPTIONS) asserts the public quantizers' amax check in the same read of x,
-    instead of a second kernel that reads x again."""
+    instead of a second kernel that reads x again.
+
+    MAP4 (four-over-six): 1 writes the map-to-4 flags to map4_ptr (bytes), 2 instead adds (map-to-4 blocks,
+    blocks) of the rows that are data to the int64 pair at map4_ptr (one atomic add each per program: the
+    statistics without a mask or a reduction launch), 0 does neither."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
@@ -576,8 +582,9 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
     if SCALAR_AMAX:
         amax = tl.load(amax_ptr)
+        data = rows < R
     else:
-        amax = tl.load(amax_ptr + rows * amax_stride, mask=rows < R, other=1.0)
+        amax, data = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
     s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
     s_dec = _div(1.0, s_enc)
@@ -590,6 +597,10 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
     # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
     # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
+    if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
+        hits = deferred
+        blocks = deferred
+        picked = deferred
     if TRANSPOSED:
         ws_next = _load_column_words(x_ptr, _column_start(rows64, first, row_words, M), (rows < R) & (first < NBLK),
                                      KIND)
@@ -644,6 +655,11 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 pick = tl.zeros(ok.shape, tl.int1)
                 settled = pick == pick
             deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
+            if MAP4 == 2:
+                counted = ok & data
+                hits += tl.where(counted & pick, 1, 0)
+                blocks += tl.where(counted, 1, 0)
+                picked = picked | (tl.where(counted & pick, 1, 0) << chunk)
             sf = e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
             if WRITE_DEC:
@@ -652,7 +668,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 lo, hi = tl.where(pick, lo4, lo6), tl.where(pick, hi4, hi6)
             lo, hi = _with_signs(lo, hi, ws, KIND, PTX)
             _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
-                         FOUR_SIX, TILE16, WRITE_DEC)
+                         MAP4 == 1, TILE16, WRITE_DEC)
         else:
             # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error. Its
             # fast path only needs an input without NaN and a finite, non-negative amax.
@@ -677,7 +693,7 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                 lo, hi = _with_signs(lo, hi, ws, KIND, PTX)
                 sf = e4m3_byte(s)
             _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, dec,
-                         FOUR_SIX, TILE16, WRITE_DEC)
+                         False, TILE16, WRITE_DEC)
 
     if FOUR_SIX:
         deferred = tl.reduce(deferred, None, _bit_or)
@@ -693,7 +709,13 @@ def _quantize_kernel(x_ptr, amax_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, 
                     pick, sf, lo, hi, dec = _four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
                                                             TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                     _store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
-                                 pick, dec, FOUR_SIX, TILE16, WRITE_DEC)
+                                 pick, dec, MAP4 == 1, TILE16, WRITE_DEC)
+                    if MAP4 == 2:  # the exact choice replaces the fast path's count for the chunk
+                        hits += tl.where(ok & data & pick, 1, 0) - ((picked >> chunk) & 1)
+        if MAP4 == 2:
+            counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64))
+            tl.atomic_add(counts_ptr, tl.sum(hits.to(tl.int64)))
+            tl.atomic_add(counts_ptr + 1, tl.sum(blocks.to(tl.int64)))
 
 
 _QUANTIZE = FastLaunch(_quantize_kernel)
@@ -710,10 +732,12 @@ def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
 
 
 def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool,
-            transposed: bool = False, choose: bool = True, check_amax: bool = False):
+            transposed: bool = False, choose: bool = True, check_amax: bool = False, groups=None, map4=True):
     """Outputs of the (rows, cols) matrix quantized: x itself, or with `transposed` x^T of a row-major x (M, K)
     padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place. check_amax:
-    assert the public amax check on the device (not with `transposed`)."""
+    assert the public amax check on the device (not with `transposed`). amax and RowGroups `groups` as
+    reference.amax_per_row reads them. map4 (four-over-six): True returns the map-to-4 mask, False writes none,
+    an int64 (2,) tensor gets (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts)."""
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
@@ -725,7 +749,13 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     nblk = cols // 16
     codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
-    map4 = torch.empty(rows, nblk, dtype=torch.bool, device=x.device) if four_six else None
+    if not four_six or map4 is False:
+        map4_mode, map4_out, mask = 0, scales, None
+    elif map4 is True:
+        mask = torch.empty(rows, nblk, dtype=torch.bool, device=x.device)
+        map4_mode, map4_out = 1, mask
+    else:
+        map4_mode, map4_out, mask = 2, map4, None
     dec = torch.empty(rows, cols, dtype=torch.bfloat16, device=x.device) if decode else None
     row_groups, chunk_cols = cdiv(rows, launch.rows), cdiv(nblk, launch.blocks)
     chunks = _chunks_per_program(chunk_cols, row_groups, launch.most_chunks)
@@ -733,15 +763,16 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
         raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
                          f"kernel's grid takes at most {MAX_GRID_Y}: split x")
     if rows and nblk:
-        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, codes, scales, scales if map4 is None else map4,
-                  scales if dec is None else dec, rows, nblk, row_words, amax.dim(), chunks, x.shape[0],
-                  _INPUT_KIND[x.dtype], four_six, block == "16x16", err_mode == "mse", 6.0 * scale_bound,
-                  f32_reciprocal(6.0 * scale_bound), decode,
+        layout = AmaxLayout.of(amax, rows, groups)
+        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, codes, scales, map4_out,
+                  scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, layout.n_groups, chunks,
+                  x.shape[0], _INPUT_KIND[x.dtype], four_six, block == "16x16", err_mode == "mse",
+                  6.0 * scale_bound, f32_reciprocal(6.0 * scale_bound), decode,
                   not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
                   four_six and block == "16x16" and amax.dim() == 0, launch.rows, launch.blocks, transposed,
-                  not choose, check_amax, num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS,
-                  **(CHECK_OPTIONS if check_amax else {}))
-    return codes, scales.view(torch.float8_e4m3fn), map4, dec
+                  not choose, check_amax, layout.groups, layout.by_group, map4_mode, num_warps=launch.warps,
+                  maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
+    return codes, scales.view(torch.float8_e4m3fn), mask, dec
 
 
 def eligible(x: torch.Tensor) -> bool:
@@ -751,20 +782,22 @@ def eligible(x: torch.Tensor) -> bool:
 
 
 def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
-                           check_amax: bool = False):
-    """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference (choose=False:
-    map-to-6 in every block; check_amax: the public amax check as device asserts, in the same read of x)."""
-    codes, scales, map4, _ = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                     scale_bound=scale_bound, decode=False, choose=choose, check_amax=check_amax)
-    return codes, scales, map4
+                           check_amax: bool = False, groups=None, map4=True):
+    """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference of the amax per
+    row (reference.amax_per_row of amax and RowGroups `groups`). choose=False: map-to-6 in every block;
+    check_amax: the public amax check as device asserts, in the same read of x; map4 as _launch takes it."""
+    codes, scales, mask, _ = _launch(x, amax, four_six=True, block=block, err_mode=err_mode, scale_bound=scale_bound,
+                                     decode=False, choose=choose, check_amax=check_amax, groups=groups, map4=map4)
+    return codes, scales, mask
 
 
 def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
-                                  check_amax: bool = False):
+                                  check_amax: bool = False, groups=None, map4=True):
     """(bf16 block-scaled decode, codes, scales, map4) from one read of x."""
-    codes, scales, map4, dec = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=True, choose=choose, check_amax=check_amax)
-    return dec, codes, scales, map4
+    codes, scales, mask, dec = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
+                                       scale_bound=scale_bound, decode=True, choose=choose, check_amax=check_amax,
+                                       groups=groups, map4=map4)
+    return dec, codes, scales, mask
 
 
 def nvfp4_quantize(x, amax, check_amax: bool = False):
@@ -788,15 +821,17 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
 
 
 def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False,
-                                      choose: bool = True):
+                                      choose: bool = True, map4: bool = True):
     """Four-over-six (1x16 blocks, per-tensor amax) of x^T for a row-major x (M, K), read in place: x^T padded
     with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
     materializing it. Arguments checked by the caller (the dispatch layer): knobs valid, amax FP32 of shape () on
-    x's device, x eligible_columnwise. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode (K, ceil16(M)) if
-    `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool (K, ceil16(M) / 16)."""
-    codes, scales, map4, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=decode, transposed=True, choose=choose)
-    return dec, codes, scales, map4
+    x's device, x eligible_columnwise. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode
+    (K, ceil16(M)) if `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool
+    (K, ceil16(M) / 16), None with map4=False."""
+    codes, scales, mask, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
+                                       scale_bound=scale_bound, decode=decode, transposed=True, choose=choose,
+                                       map4=map4)
+    return dec, codes, scales, mask
 
 
 def nvfp4_quantize_columnwise(x, amax, decode: bool = False):

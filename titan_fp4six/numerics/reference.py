@@ -6,6 +6,7 @@ and every division divides by an FP32 tensor (correctly rounded).
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -169,11 +170,34 @@ def expand_per_row(values: torch.Tensor, group_of_row: torch.Tensor) -> torch.Te
     return torch.nn.functional.pad(values, (0, 1)).index_select(0, group_of_row)
 
 
-def expand_per_expert_rows(values: torch.Tensor, rows_per_expert: int) -> torch.Tensor:
-    """Per-expert values (E,) -> each of an expert's rows_per_expert rows of the flattened (E*N, K) weights: a
-    broadcast copy, one launch (repeat_interleave with a count builds and applies an index: 35-39 us of host time
-    on the H200 host)."""
-    return values[:, None].expand(-1, rows_per_expert).reshape(-1)
+class RowGroups(NamedTuple):
+    """The token groups of a grouped GEMM operand's rows: each row's group (int64 (R,), group_index) and the
+    number of groups; rows of group n_groups (past offs[-1]) are not data: amax 0, not counted. amax_by_group:
+    the operand's amax holds one value per group (else one per row)."""
+
+    group_of_row: torch.Tensor
+    n_groups: int
+    amax_by_group: bool
+
+
+def amax_per_row(amax: torch.Tensor, rows: int, groups: RowGroups | None = None) -> torch.Tensor:
+    """Each of `rows` rows' global amax, the mapping every quantizer and dequantizer applies: amax () is the
+    whole tensor's; (G,) covers runs of rows/G consecutive rows (1: per row; N: an expert's rows of flattened
+    (E*N, K) weights); with `groups`, per group or per row, and 0 for the rows that are not data."""
+    if groups is not None:
+        values = expand_per_row(amax, groups.group_of_row) if groups.amax_by_group else amax
+        return torch.where(groups.group_of_row < groups.n_groups, values, 0.0)
+    if amax.dim() == 0 or amax.numel() == rows:
+        return amax
+    return amax[:, None].expand(-1, rows // amax.numel()).reshape(-1)
+
+
+def map4_counts(map4: torch.Tensor, groups: RowGroups | None = None) -> torch.Tensor:
+    """(map-to-4 blocks, blocks) of a (R, C/16) map-to-4 mask as int64 (2,), over the rows that are data."""
+    if groups is None:
+        return torch.stack((map4.sum(), torch.tensor(map4.numel(), device=map4.device)))
+    data = groups.group_of_row < groups.n_groups
+    return torch.stack(((map4 & data[:, None]).sum(), data.sum() * map4.shape[1]))
 
 
 def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,

@@ -19,7 +19,6 @@ from .gemm import decode_on, gemm_nt
 from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
                        transposed_tiles)
 from .recipe import FourOverSixRecipe, recipe_from_key
-from .stats import MAP4_STATS
 
 _F8 = torch.float8_e4m3fn
 
@@ -38,10 +37,8 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     decode = decode_on(x.device, r.gemm)
     amaxes = run_dense_amaxes(x, weight, r.row_scaled, r.quantizer)
     x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
-    xq, x_map4 = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
-    wq, w_map4 = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
-    MAP4_STATS.add(x_map4)
-    MAP4_STATS.add(w_map4)
+    xq = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
+    wq = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
     out = gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r)
     return out, xq.codes, xq.scales, wq.codes, wq.scales, amaxes
 

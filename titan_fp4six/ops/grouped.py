@@ -1,33 +1,36 @@
 """Four-over-six grouped GEMM for MoE routed experts, in the calling convention of torch._grouped_mm.
 
 All token groups and all experts are quantized in one call each: activations with their group's amax (or
-their own, row-scaled) expanded per row, expert weights flattened to (E*N, K) with each expert's amax
-expanded per row (16x16 tiles stay inside an expert when N % 16 == 0). Rows at and past offs[-1] are not
-tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
+their own, row-scaled), read by each row's group inside the quantizer; expert weights flattened to (E*N, K),
+each expert's amax covering its N rows (16x16 tiles stay inside an expert when N % 16 == 0). Rows at and past
+offs[-1] are not tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
 """
 
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_row_amax, run_token_groups
+from ..dispatch.amax import run_expert_amax, run_token_groups
 from ..dispatch.quantize import run_dequantize
-from ..numerics.reference import expand_per_expert_rows, expand_per_row
+from ..numerics.reference import RowGroups
 from .checks import check_grouped, check_offs_values
 from .custom import compile_opaque_op
 from .gemm import decode_on, grouped_gemm_nt
 from .operands import quantize_46
 from .recipe import FourOverSixRecipe, recipe_from_key
-from .stats import MAP4_STATS
 
 _F8 = torch.float8_e4m3fn
 
 
 def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
-    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,): the max of its
-    rows' amaxes (one read of the weights, no |W| copy)."""
+    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,)."""
     experts, k, n = B_t.shape
     w = B_t.transpose(-2, -1).reshape(experts * n, k)
-    return w, run_row_amax(w, quantizer).view(experts, n).amax(dim=1)
+    return w, run_expert_amax(w, experts, quantizer)
+
+
+def _token_rows(group_of_row: Tensor, offs: Tensor, r: FourOverSixRecipe) -> RowGroups:
+    """A's rows by token group: the amax per group, or per row when row-scaled."""
+    return RowGroups(group_of_row, offs.numel(), amax_by_group=not r.row_scaled)
 
 
 @compile_opaque_op("grouped_fwd")
@@ -37,17 +40,13 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
     r = recipe_from_key(recipe)
     check_offs_values(offs, A.shape[0])
-    experts, n = B_t.shape[0], B_t.shape[2]
     # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
     # token's amax
     a_amax, group_of_row, empty_groups = run_token_groups(A, offs, r.row_scaled, r.quantizer)
-    a_amax_rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
     decode = decode_on(A.device, r.gemm)
-    aq, a_map4 = quantize_46(A, a_amax_rows, "1x16", r, decode, weight=False)
+    aq = quantize_46(A, a_amax, "1x16", r, decode, weight=False, groups=_token_rows(group_of_row, offs, r))
     w, w_amax = _expert_weights(B_t, r.quantizer)
-    wq, w_map4 = quantize_46(w, expand_per_expert_rows(w_amax, n), r.weight_block, r, decode, weight=True)
-    MAP4_STATS.add(a_map4, group_of_row, experts)
-    MAP4_STATS.add(w_map4)
+    wq = quantize_46(w, w_amax, r.weight_block, r, decode, weight=True)
     out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 
@@ -74,11 +73,10 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     r = recipe_from_key(recipe)
     experts = offs.numel()
     if r.backward == "dequantized":
-        rows = a_amax if r.row_scaled else expand_per_row(a_amax, group_of_row)
-        A = run_dequantize(a_codes, a_scales, rows, r.scale_bound, a_dtype, r.quantizer)
-        n = w_codes.shape[0] // experts
-        w = run_dequantize(w_codes, w_scales, expand_per_expert_rows(w_amax, n), r.scale_bound, a_dtype,
-                           r.quantizer).view(experts, n, -1)
+        A = run_dequantize(a_codes, a_scales, a_amax, r.scale_bound, a_dtype, r.quantizer,
+                           _token_rows(group_of_row, offs, r))
+        w = run_dequantize(w_codes, w_scales, w_amax, r.scale_bound, a_dtype, r.quantizer)
+        w = w.view(experts, w.shape[0] // experts, -1)
     else:
         w = B_t.transpose(-2, -1).to(a_dtype)
     dy = dy.to(a_dtype)

@@ -11,7 +11,9 @@ import torch
 from ..dispatch.quantize import (run_decode_block_scaled, run_four_over_six, run_four_over_six_columnwise, run_nvfp4,
                                  run_nvfp4_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
+from ..numerics.reference import RowGroups
 from .recipe import FourOverSixRecipe
+from .stats import MAP4_STATS
 
 
 @dataclass
@@ -32,14 +34,15 @@ class Operand:
 
 
 def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOverSixRecipe, decode: bool,
-                weight: bool) -> tuple[Operand, torch.Tensor]:
-    """Four-over-six quantize of a weight (weight=True) or activation operand with the recipe's knobs, the
-    candidate choice as the recipe's `scope` says for that role (fused with the bf16 decode when the emulated
-    GEMM will need it); returns the operand and the map-to-4 mask."""
-    codes, scales, map4, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode,
-                                                     recipe.scale_bound, recipe.quantizer, decode,
-                                                     _chooses(recipe, weight))
-    return Operand(codes, scales, decoded), map4
+                weight: bool, groups: RowGroups | None = None) -> Operand:
+    """Four-over-six quantize of a forward weight (weight=True) or activation operand with the recipe's knobs,
+    the candidate choice as the recipe's `scope` says for that role (fused with the bf16 decode when the emulated
+    GEMM will need it); each row's amax by reference.amax_per_row(amax, rows, groups). While MAP4_STATS is
+    enabled the quantizer adds its map-to-4 counts to it."""
+    codes, scales, _, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode, recipe.scale_bound,
+                                                  recipe.quantizer, decode, _chooses(recipe, weight), groups=groups,
+                                                  map4=MAP4_STATS.counts(x.device))
+    return Operand(codes, scales, decoded)
 
 
 def quantize_46_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe, decode: bool,
@@ -47,7 +50,8 @@ def quantize_46_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOver
     """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K) and a per-tensor amax, 1x16 blocks along M (the
     quantized backward's columnwise operands), read from x in place on CUDA."""
     codes, scales, _, decoded = run_four_over_six_columnwise(x, amax, recipe.err_mode, recipe.scale_bound,
-                                                             recipe.quantizer, decode, _chooses(recipe, weight))
+                                                             recipe.quantizer, decode, _chooses(recipe, weight),
+                                                             map4=False)
     return Operand(codes, scales, decoded)
 
 

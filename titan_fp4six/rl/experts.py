@@ -22,8 +22,8 @@ from torch import Tensor
 
 from ..modules.autocast import autocast_operands, no_autocast
 from ..dispatch import four_over_six_quantize_decode, global_decode_factor, row_amax
-from ..dispatch.amax import run_token_groups
-from ..numerics.reference import expand_per_expert_rows, expand_per_row
+from ..dispatch.amax import run_expert_amax, run_token_groups
+from ..numerics.reference import amax_per_row, expand_per_row
 from . import consistent
 
 _NAMES = ("w1", "w2", "w3")
@@ -39,11 +39,12 @@ def quantize_expert_weight(w: Tensor, recipe) -> tuple[Tensor, Tensor]:
     """(E, N, K) -> (decoded (E, N, K) bf16, factor (E,) FP32): the grouped op's weight quantization (each
     expert's own amax, the recipe's weight block) without the GEMM."""
     experts, n, k = w.shape
-    amax = w.abs().amax(dim=(1, 2)).float()
-    decoded, _ = four_over_six_quantize_decode(w.reshape(experts * n, k).contiguous(), expand_per_expert_rows(amax, n),
-                                               block=recipe.weight_block, err_mode=recipe.err_mode,
-                                               scale_bound=recipe.scale_bound, quantizer=recipe.quantizer,
-                                               choose=recipe.weights_choose, validate_amax=False)
+    rows = w.reshape(experts * n, k).contiguous()
+    amax = run_expert_amax(rows, experts, recipe.quantizer)
+    decoded, _ = four_over_six_quantize_decode(rows, amax_per_row(amax, experts * n), block=recipe.weight_block,
+                                               err_mode=recipe.err_mode, scale_bound=recipe.scale_bound,
+                                               quantizer=recipe.quantizer, choose=recipe.weights_choose,
+                                               validate_amax=False)
     return decoded.view(experts, n, k), global_decode_factor(amax, recipe.scale_bound)
 
 
