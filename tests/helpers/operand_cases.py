@@ -175,13 +175,13 @@ def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
     dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups)
     want["dec"] = reference.decode_block_scaled_reference(codes, scales)
     bad = _diffs("mask", {"codes": c, "scales": s, "map4": m, "dec": dec}, want)
-    start = torch.tensor([5, 7], dtype=torch.int64, device=x.device)
-    counts = start.clone()
+    counts = reference.map4_count_buffer(x.device)
+    counts[-1, :2] = start = torch.tensor([5, 7])
     c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound, groups=groups, map4=counts)
     same = {"codes": codes, "scales": scales}
     bad += _diffs("counted", {"codes": c, "scales": s}, same) + ([] if m is None else ["counted.map4 not None"])
-    want_counts = start + reference.map4_counts(mask, groups)
-    bad += [] if torch.equal(counts, want_counts) else [f"counts {counts.tolist()} != {want_counts.tolist()}"]
+    want_counts, got_counts = start.to(x.device) + reference.map4_counts(mask, groups), reference.map4_total(counts)
+    bad += [] if torch.equal(got_counts, want_counts) else [f"counts {got_counts.tolist()} != {want_counts.tolist()}"]
     dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups, map4=False)
     same["dec"] = want["dec"]
     bad += _diffs("no map4", {"codes": c, "scales": s, "dec": dec}, same) + ([] if m is None else ["map4 not None"])

@@ -22,8 +22,8 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
     Each row's amax: reference.amax_per_row(amax, rows, groups) (per tensor, row, run of rows or token group).
     With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
     choose=False keeps map-to-6 in every block; check_amax runs the public amax check (the kernel asserts it in
-    its own read of x). map4: True returns the map-to-4 mask, False none, an int64 (2,) tensor gets
-    reference.map4_counts added instead (the kernel counts in its own pass: no mask, no reduction launch)."""
+    its own read of x). map4: True returns the map-to-4 mask, False none, a reference.map4_count_buffer gets
+    the counts added instead (the kernel counts in its own pass: no mask, no reduction launch)."""
     kernels = _quantize_kernels(x, amax, quantizer, check_amax)
     if kernels is not None:
         if decode:
@@ -35,7 +35,7 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
     amax_rows = reference.amax_per_row(amax, x.shape[0], groups)
     codes, scales, mask = reference.four_over_six_reference(x, amax_rows, block, err_mode, scale_bound, choose)
     if isinstance(map4, torch.Tensor):
-        map4.add_(reference.map4_counts(mask, groups))
+        map4[0, :2].add_(reference.map4_counts(mask, groups))
     return codes, scales, (mask if map4 is True else None), (
         run_decode_block_scaled(codes, scales, quantizer) if decode else None)
 
