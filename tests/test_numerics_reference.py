@@ -348,3 +348,33 @@ def test_candidate_errors_match_the_oracle(block):
             want = np.array([[oracle.tree_sum([rows[t * 16 + i][b] for i in range(16)]) for b in range(3)]
                              for t in range(2)], dtype=np.float32).repeat(16, axis=0)
         np.testing.assert_array_equal(got.numpy().view(np.int32), want.view(np.int32))
+
+
+def test_amax_per_row_maps_tensor_runs_groups_and_rows():
+    """The rule every quantizer and dequantizer reads each row's amax by: per tensor, runs of consecutive rows
+    (an expert's rows), per token group or per row, rows that are not data (group >= n_groups) getting 0."""
+    from titan_fp4six.numerics.reference import RowGroups, amax_per_row
+
+    scalar = torch.tensor(3.0)
+    assert amax_per_row(scalar, 5) is scalar
+    per_row = torch.arange(5.0)
+    assert amax_per_row(per_row, 5) is per_row
+    assert amax_per_row(torch.tensor([1.0, 2.0]), 6).tolist() == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    group = torch.tensor([0, 0, 2, 2, 3, 3])  # group 1 empty, the last two rows past offs[-1] (group 3 of 3)
+    by_group = amax_per_row(torch.tensor([4.0, 5.0, float("nan")]), 6, RowGroups(group, 3, amax_by_group=True))
+    assert by_group[:2].tolist() == [4.0, 4.0] and by_group[2:4].isnan().all() and by_group[4:].tolist() == [0, 0]
+    rows = amax_per_row(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), 6, RowGroups(group, 3, amax_by_group=False))
+    assert rows.tolist() == [1.0, 2.0, 3.0, 4.0, 0.0, 0.0]
+
+
+def test_map4_counts_count_data_rows_and_the_buffer_sums_its_rows():
+    from titan_fp4six.numerics.reference import RowGroups, map4_count_buffer, map4_counts, map4_total
+
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    assert map4_counts(mask).tolist() == [5, 9]
+    assert map4_counts(mask, RowGroups(torch.tensor([0, 1, 2]), 2, True)).tolist() == [2, 6]  # row 2: no group
+    buffer = map4_count_buffer("cpu")
+    buffer[0, :2] += torch.tensor([2, 6])
+    buffer[-1, :2] += torch.tensor([1, 3])
+    buffer[7, 2:] = 99  # the padding of a row's cache line is not a count
+    assert map4_total(buffer).tolist() == [3, 9]
