@@ -9,9 +9,12 @@
 #      times over (default 2: these host-bound runs vary from run to run; scripts/throughput.py --repeat); then
 #      the Qwen3-30B-A3B-shaped 4-layer flavor, experts 4/6 vs bf16, eager and (COMPILED=1) compiled
 #      (scripts/throughput.py: median tps after warm-up, peak memory);
-#   4. one profiled step of the DeepSeek-V3 and Qwen3 4/6 recipes (scripts/profile_recipes.sh).
+#   4. one profiled step of the DeepSeek-V3 and Qwen3 4/6 recipes (scripts/profile_recipes.sh);
+# then issue 18's table from whatever parts OUT_DIR holds (scripts/perf_table.py: OUT_DIR/table.md, table.png).
 # Usage, from the repository root with torchtitan importable:
 #   bash scripts/perf_h200.sh OUT_DIR [kernels ops debug 30b profiles]   (the parts to run; default all)
+# Where one call may run 10 minutes at most: `... OUT_DIR kernels ops debug`, then `... OUT_DIR 30b profiles`
+# on the same machine (about 9 minutes each), then `python3 -m scripts.perf_table OUT_DIR` for the whole table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/perf_h200.sh OUT_DIR [kernels ops debug 30b profiles]}
@@ -43,4 +46,5 @@ part 30b && python3 -m scripts.throughput --out "$OUT/30b" --modes "eager${COMPI
 part profiles && bash scripts/profile_recipes.sh "$OUT/profiles" "${DS}_nvfp4_four_over_six_all_linears.toml" \
   "${QW}_nvfp4_four_over_six.toml" ${PROFILE_TWINS:+"${DS}_bf16.toml" "${QW}_bf16.toml"} > "$OUT/profiles.txt" 2>&1 \
   && grep -h "wall" "$OUT"/profiles/*.profile.md
+python3 -m scripts.perf_table "$OUT"
 exit 0

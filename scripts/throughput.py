@@ -50,11 +50,15 @@ def combine(trials: list[dict]) -> dict:
             "exit_code": next((t["exit_code"] for t in trials if t["exit_code"]), 0), "trials": trials}
 
 
+def pair_ratios(r: dict, ref: dict) -> list[float]:
+    """tps / the reference's tps, trial by trial (same repetition, back to back)."""
+    return [a["tps"] / b["tps"] for a, b in zip(r.get("trials", [r]), ref.get("trials", [ref]))
+            if a["tps"] and b.get("tps")]
+
+
 def paired_ratio(r: dict, ref: dict) -> str:
-    """tps / the reference's tps, trial by trial (same repetition, back to back): the median and, with more than
-    one pair, the range."""
-    pairs = [a["tps"] / b["tps"] for a, b in zip(r.get("trials", [r]), ref.get("trials", [ref]))
-             if a["tps"] and b.get("tps")]
+    """pair_ratios as text: the median and, with more than one pair, the range."""
+    pairs = pair_ratios(r, ref)
     if not pairs:
         return "-"
     spread = f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 1 else ""

@@ -1,0 +1,40 @@
+"""scripts/perf_table.py: issue 18's table from a perf_h200.sh output directory."""
+
+import json
+
+from scripts import perf_table
+
+
+def _run(tps, mem, *more_tps):
+    trials = [{"tps": t, "memory_gib": mem} for t in (tps, *more_tps)]
+    return {"tps": tps, "memory_gib": mem, "trials": trials}
+
+
+def test_rows_ratios_targets_and_parts_not_run(tmp_path):
+    (tmp_path / "debug_qwen3").mkdir()
+    (tmp_path / "debug_qwen3" / "throughput.json").write_text(json.dumps({"results": {
+        "Qwen3 MoE bf16 | eager": _run(100.0, 10.0, 120.0), "Qwen3 MoE 4/6 | eager": _run(93.0, 10.2, 102.0)}}))
+    (tmp_path / "30b").mkdir()
+    (tmp_path / "30b" / "throughput.json").write_text(json.dumps({"results": {
+        "bf16 | eager": _run(50.0, 40.0), "4/6 experts | eager": _run(49.0, 42.4),
+        "bf16 | compiled": _run(60.0, 30.0), "4/6 experts | compiled": _run(54.0, 30.0)}}))
+    (tmp_path / "ops.json").write_text(json.dumps({"rows": [
+        {"name": "1024^3 linear fwd+bwd 4/6 quantized (ms)", "value": 0.2, "ratio": 1.9},
+        {"name": "public four_over_six_quantize 1024x1024 back to back (us/call)", "value": 25.0, "ratio": None}]}))
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.profile.json").write_text(
+        json.dumps({"gpu_busy": 0.5, "kernels": 3000, "wall_ms": 150.0}))
+    md, bars = perf_table.build(tmp_path)
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in md.splitlines()[2:]}
+    # paired per repetition: 0.93 and 0.85, median 0.89
+    assert rows["qwen3_moe_debug 4/6 / bf16"] == ["0.89 (pairs 0.93, 0.85)", ">= 0.9", "no |"]
+    assert rows["30B-A3B-4layers experts / bf16, eager"] == ["0.98", ">= 0.95", "yes |"]
+    assert rows["30B-A3B-4layers experts / bf16, compiled"][2] == "no |"  # 0.90 < 0.92
+    assert rows["1024^3 fwd+bwd / bf16, quantized"] == ["1.9x", "<= 2", "yes |"]
+    assert rows["1024^3 fwd+bwd / bf16, dequantized"][0] == "not measured"
+    assert rows["deepseek_v3_debugmodel 4/6 all Linears / bf16"][0] == "not measured"
+    assert rows["GPU busy, DeepSeek-V3 4/6 step (profiler)"][0].startswith("50%") and rows[
+        "GPU busy, DeepSeek-V3 4/6 step (profiler)"][2] == "no |"
+    assert rows["public quantize 1024x1024, host us per call"] == ["25.0", "<= 20", "no |"]
+    assert rows["peak memory / bf16 (largest of the recipes)"] == ["1.06", "<= 1.05", "no |"]  # 30B eager 42.4/40
+    assert len(bars) == 7 and all(b[2] == (b[1] >= 1) for b in bars)
