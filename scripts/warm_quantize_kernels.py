@@ -1,7 +1,9 @@
-"""Compile every quantizer kernel variant (input dtype x 1x16/16x16 x mae/mse x B x decode, and standard
-NVFP4 with and without decode; each with one amax per tensor and with one per row; and the columnwise 4/6 and
-NVFP4 variants) in parallel processes, filling Triton's on-disk cache so tests and benchmarks start without
-compiling ~110 large unrolled kernels one after another.
+"""Compile the quantizer kernel variants that tests, benchmarks and training launch, in parallel processes,
+filling Triton's on-disk cache so they start without compiling large unrolled kernels one after another: the
+public quantizers' (input dtype x 1x16/16x16 x mae/mse x B x decode, and standard NVFP4 with and without
+decode; each with one amax per tensor and with one per row, writing the map-to-4 mask; the columnwise 4/6 and
+NVFP4 variants) and the GEMM ops' (bf16, fused with the decode, no mask or the map-to-4 count, by token group
+or per row for a grouped GEMM's activations; columnwise without a mask).
 
     python scripts/warm_quantize_kernels.py [--jobs 16]
 """
@@ -11,34 +13,47 @@ import itertools
 from concurrent.futures import ProcessPoolExecutor
 
 DTYPES = ("bfloat16", "float16", "float32")
-VARIANTS = [(dtype, *knobs, row_amax) for dtype in DTYPES for row_amax in (False, True)
-            for knobs in itertools.product(("1x16", "16x16"), ("mae", "mse"), (256, 448), (False, True))]
-VARIANTS += [(dtype, "nvfp4", None, 448, decode, row_amax) for dtype in DTYPES for row_amax in (False, True)
-             for decode in (False, True)]
+KNOBS = list(itertools.product(("mae", "mse"), (256, 448)))
+# (dtype, kind, err_mode, bound, decode, amax per row, map4: "mask", "none" or "count", token groups: None,
+# "group" or "row")
+VARIANTS = [(dtype, block, *knobs, decode, row_amax, "mask", None) for dtype in DTYPES for row_amax in (False, True)
+            for block, knobs, decode in itertools.product(("1x16", "16x16"), KNOBS, (False, True))]
+VARIANTS += [(dtype, "nvfp4", None, 448, decode, row_amax, "mask", None) for dtype in DTYPES
+             for row_amax in (False, True) for decode in (False, True)]
 # Columnwise (x^T read in place; one amax per tensor): 4/6 with every knob pair and NVFP4, with and without decode.
-VARIANTS += [(dtype, "columnwise", *knobs, False) for dtype in DTYPES
-             for knobs in itertools.product(("mae", "mse"), (256, 448), (False, True))]
-VARIANTS += [(dtype, "nvfp4_columnwise", None, 448, decode, False) for dtype in DTYPES for decode in (False, True)]
+VARIANTS += [(dtype, "columnwise", *knobs, decode, False, "mask", None) for dtype in DTYPES for knobs in KNOBS
+             for decode in (False, True)]
+VARIANTS += [(dtype, "nvfp4_columnwise", None, 448, decode, False, "mask", None) for dtype in DTYPES
+             for decode in (False, True)]
+# The ops' forward (map-to-4 counted on logged steps), grouped activations and the quantized backward's columnwise.
+VARIANTS += [("bfloat16", block, *knobs, True, False, map4, None) for block in ("1x16", "16x16") for knobs in KNOBS
+             for map4 in ("none", "count")]
+VARIANTS += [("bfloat16", "1x16", *knobs, True, False, map4, groups) for knobs in KNOBS for map4 in ("none", "count")
+             for groups in ("group", "row")]
+VARIANTS += [("bfloat16", "columnwise", *knobs, True, False, "none", None) for knobs in KNOBS]
 
 
 def _compile(variant) -> str:
     import torch
 
     from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.numerics.reference import RowGroups, map4_count_buffer
 
-    dtype, block, err_mode, bound, decode, row_amax = variant
+    dtype, block, err_mode, bound, decode, row_amax, map4, groups = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
-    amax = torch.ones(16 if row_amax else (), device="cuda")
+    amax = torch.ones(16 if row_amax or groups == "row" else 1 if groups else (), device="cuda")
+    mask = {"mask": True, "none": False, "count": map4_count_buffer("cuda")}[map4]
+    if groups:
+        groups = RowGroups(torch.zeros(16, dtype=torch.int64, device="cuda"), 1, amax_by_group=groups == "group")
     if block == "columnwise":
-        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode)
+        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode, map4=mask)
     elif block == "nvfp4_columnwise":
         kq.nvfp4_quantize_columnwise(x, amax, decode)
     elif block == "nvfp4":
         (kq.nvfp4_quantize_decode if decode else kq.nvfp4_quantize)(x, amax)
-    elif decode:
-        kq.four_over_six_quantize_decode(x, amax, block, err_mode, bound)
     else:
-        kq.four_over_six_quantize(x, amax, block, err_mode, bound)
+        run = kq.four_over_six_quantize_decode if decode else kq.four_over_six_quantize
+        run(x, amax, block, err_mode, bound, groups=groups, map4=mask)
     torch.cuda.synchronize()
     return str(variant)
 
