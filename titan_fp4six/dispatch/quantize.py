@@ -36,8 +36,8 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
     codes, scales, mask = reference.four_over_six_reference(x, amax_rows, block, err_mode, scale_bound, choose)
     if isinstance(map4, torch.Tensor):
         map4[0, :2].add_(reference.map4_counts(mask, groups))
-    return codes, scales, (mask if map4 is True else None), (
-        run_decode_block_scaled(codes, scales, quantizer) if decode else None)
+    dec = run_decode_block_scaled(codes, scales, quantizer) if decode else None
+    return codes, scales, (mask if map4 is True else None), dec
 
 
 def run_nvfp4(x: torch.Tensor, amax: torch.Tensor, quantizer: str, decode: bool = False, check_amax: bool = False):
