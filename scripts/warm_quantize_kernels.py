@@ -37,7 +37,8 @@ def _compile(variant) -> str:
     import torch
 
     from titan_fp4six.kernels import quantize as kq
-    from titan_fp4six.numerics.reference import RowGroups, map4_count_buffer
+    from titan_fp4six.numerics.formats import map4_count_buffer
+    from titan_fp4six.numerics.reference import RowGroups
 
     dtype, block, err_mode, bound, decode, row_amax, map4, groups = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))

@@ -144,18 +144,18 @@ def test_amax_read_per_row_by_the_kernels(kq, kd, err_mode, bound):
 def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
     """Counting programs of up to 8 chunks whose near ties send chunks through the exact path after the loop:
     the exact choice replaces the fast one in the counts, which equal the reference mask's."""
-    from titan_fp4six.numerics import reference
+    from titan_fp4six.numerics import formats, reference
 
     monkeypatch.setattr(kq, "MIN_PROGRAMS", 1)
     kq._chunks_per_program.cache_clear()
     x, amax = near_tie_case(block, "mse", 256)
     x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
     x, amax = x.cuda(), amax.cuda()
-    counts = reference.map4_count_buffer("cuda")
+    counts = formats.map4_count_buffer("cuda")
     kq.four_over_six_quantize(x, amax, block, "mse", 256, map4=counts)
     kq._chunks_per_program.cache_clear()
     want = reference.map4_counts(reference.four_over_six_reference(x, amax, block, "mse", 256)[2])
-    assert torch.equal(reference.map4_total(counts), want) and 0 < want[0] < want[1]
+    assert torch.equal(formats.map4_total(counts), want) and 0 < want[0] < want[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -182,7 +182,7 @@ def row_groups(gen):
     """Amax read per row by the kernels (token groups, per-row tokens, expert runs), the map-to-4 mask, counts
     and neither, and the dequantizer; then the counts of programs of several chunks, some redone exactly after
     the chunk loop (the near ties, as in the quantizer sweep), whose exact choice replaces the fast one's count."""
-    from titan_fp4six.numerics import reference
+    from titan_fp4six.numerics import formats, reference
 
     knobs = (("mse", 256), ("mae", 448))
     cases = row_groups_cases(gen, "cpu", rows=23, cols=32, dtypes=(torch.bfloat16, ))
@@ -195,9 +195,9 @@ def row_groups(gen):
         x, amax = near_tie_case(block, err_mode, bound, count=8)
         x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
         mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
-        counts = reference.map4_count_buffer("cpu")
+        counts = formats.map4_count_buffer("cpu")
         kq.four_over_six_quantize(x, amax, block, err_mode, bound, map4=counts)
-        got, want = reference.map4_total(counts), reference.map4_counts(mask)
+        got, want = formats.map4_total(counts), reference.map4_counts(mask)
         ok = torch.equal(got, want) and 0 < want[0] < want[1]
         yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
     kq.MIN_PROGRAMS = floor

@@ -22,7 +22,7 @@ def run_four_over_six(x: torch.Tensor, amax: torch.Tensor, block: str, err_mode:
     Each row's amax: reference.amax_per_row(amax, rows, groups) (per tensor, row, run of rows or token group).
     With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
     choose=False keeps map-to-6 in every block; check_amax runs the public amax check (the kernel asserts it in
-    its own read of x). map4: True returns the map-to-4 mask, False none, a reference.map4_count_buffer gets
+    its own read of x). map4: True returns the map-to-4 mask, False none, a formats.map4_count_buffer gets
     the counts added instead (the kernel counts in its own pass: no mask, no reduction launch)."""
     kernels = _quantize_kernels(x, amax, quantizer, check_amax)
     if kernels is not None:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..numerics.reference import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
+from ..numerics.formats import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
 from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
 from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
                    e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
@@ -564,7 +564,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     instead of a second kernel that reads x again.
 
     MAP4 (four-over-six): 1 writes the map-to-4 flags to map4_ptr (bytes), 2 instead adds (map-to-4 blocks,
-    blocks) of the rows that are data to a row of the reference.map4_count_buffer at map4_ptr (one atomic add
+    blocks) of the rows that are data to a row of the numerics.formats.map4_count_buffer at map4_ptr (one atomic add
     each per program, the programs spread over the buffer's rows: the statistics without a mask or a reduction
     launch), 0 does neither."""
     if TRANSPOSED and KIND != 0:
@@ -742,7 +742,7 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place. check_amax:
     assert the public amax check on the device (not with `transposed`). amax and RowGroups `groups` as
     reference.amax_per_row reads them. map4 (four-over-six): True returns the map-to-4 mask, False writes none,
-    a reference.map4_count_buffer gets (map-to-4 blocks, blocks) of the data rows added (map4_counts)."""
+    a formats.map4_count_buffer gets (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts)."""
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements

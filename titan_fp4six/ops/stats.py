@@ -3,7 +3,7 @@
 The GEMM ops' forward quantizers add their counts to the process-wide MAP4_STATS from inside their op bodies
 (compile-opaque custom ops under torch.compile), on the device and without a host sync, while `enabled` (the
 integration turns it on for the steps torchtitan logs): the Triton quantizer adds (map-to-4 blocks, blocks) to
-a running count per device (numerics.reference.map4_count_buffer) in the same pass that quantizes (no mask, no
+a running count per device (numerics.formats.map4_count_buffer) in the same pass that quantizes (no mask, no
 reduction launch; the reference adds map4_counts of its mask). The training loop calls `read_and_reset()` when
 it logs (one sync).
 Blocks of rows that are not tokens (past offs[-1] in grouped GEMMs) are not counted. A forward that runs
@@ -12,7 +12,7 @@ twice (activation checkpointing recomputes it) counts twice, in numerator and de
 
 import torch
 
-from ..numerics.reference import map4_count_buffer, map4_total
+from ..numerics.formats import map4_count_buffer, map4_total
 
 
 class Map4Stats:
