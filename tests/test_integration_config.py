@@ -56,6 +56,7 @@ backward = "dequantized"
     ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
     ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
     ("allow_empty = 1", rf"{LIN}.allow_empty=1; it must be true or false"),
+    ("cache_weights = 1", rf"{LIN}.cache_weights=1; it must be true or false"),
 ])
 def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
     """A TOML float equal to a valid int (or a bool) is refused when the config loads, naming the key."""
@@ -104,6 +105,8 @@ def test_fqn_matching_is_by_dotted_parts():
     pytest.param(["--quantize.grouped_mm.four_over_six.gemm", "fp4"], GMM, rf"{GMM}.gemm='fp4' needs a Blackwell GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine (maybe a Blackwell)")),
     (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
+    (["--compile.enable", "--quantize.grouped_mm.four_over_six.cache_weights"], GMM,
+     rf"{GMM}.cache_weights = true with compile.enable on the model"),
     (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
       "--parallelism.expert_tensor_parallel_degree", "2"], GMM, "expert_tensor_parallel_degree = 1"),
 ])

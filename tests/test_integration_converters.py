@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 from torchtitan.models.moe.moe import FeedForward, GroupedExperts
-from torchtitan.protocols.model_converter import _registry_model_converter_cls
+from torchtitan.protocols.model_converter import _registry_model_converter_cls, build_model_converters
 
 from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.modules import FourOverSixLinear
@@ -184,3 +184,18 @@ def test_converters_run_backward_on_the_thread_that_builds_them():
     thread.join()
     assert seen["before"] is True and seen["after"] is False
     assert seen["converters"] and all(issubclass(c, QuantizationConverter) for c in seen["converters"])
+
+
+def test_cache_weights_gives_every_converted_module_a_cache_the_hook_clears():
+    job = job_config("--quantize.linear.four_over_six.cache_weights")  # the linear section only
+    model, _ = build_model("deepseek_v3", job)
+    converters = build_model_converters(job, None)
+    converters.convert(model)
+    linears = [m for m in model.modules() if isinstance(m, FourOverSixLinear)]
+    experts = [m for m in model.modules() if isinstance(m, _FourOverSixExperts)]
+    assert linears and experts
+    assert all(m.weight_cache is not None for m in linears) and all(m.weight_cache is None for m in experts)
+    for m in linears:
+        m.weight_cache._entries["weight"] = "stale"
+    converters.post_optimizer_hook([model])
+    assert all(not m.weight_cache._entries for m in linears)

@@ -151,7 +151,7 @@ def test_bad_shapes_dtypes_and_backward():
         four_over_six_grouped_mm(A, W[0].t(), offs, recipe=r)
     with pytest.raises(ValueError, match="K=48"):
         four_over_six_grouped_mm(A[:, :48], W.transpose(-2, -1), offs, recipe=r)
-    with pytest.raises(ValueError, match=r"K \(A.shape\[1\]\) is 0"):
+    with pytest.raises(ValueError, match=r"K \(B_t.shape\[1\]\) is 0"):
         four_over_six_grouped_mm(A[:, :0], W[:, :, :0].transpose(-2, -1), offs, recipe=r)
     with pytest.raises(ValueError, match=r"B_t \(E, K, N\) has shape \(4, 64, 0\); E \(experts\) and N must"):
         four_over_six_grouped_mm(A, W[:, :0].transpose(-2, -1), offs, recipe=r)

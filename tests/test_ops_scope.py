@@ -82,8 +82,8 @@ def test_pad_multiple_pads_token_groups(monkeypatch):
     seen = []
     run = experts_module.run_experts
     monkeypatch.setattr(experts_module, "run_experts",
-                        lambda w1, w2, w3, x, sizes, recipe, rows=None: seen.append(sizes.tolist()) or
-                        run(w1, w2, w3, x, sizes, recipe, rows))
+                        lambda w1, w2, w3, x, sizes, recipe, **kw: seen.append(sizes.tolist()) or
+                        run(w1, w2, w3, x, sizes, recipe, **kw))
     mod = convert_experts(Experts(), FourOverSixRecipe(), pad_multiple=48)
     mod(torch.randn(20, 64), torch.tensor([5, 15]))
     assert mod.pad_multiple == 48 and seen == [[48, 48]]

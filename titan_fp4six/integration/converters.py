@@ -15,6 +15,7 @@ from torchtitan.tools.logging import logger
 
 from ..modules.experts import convert_experts
 from ..modules.linear import FourOverSixLinear
+from ..modules.weight_cache import invalidate_weight_caches
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops import blackwell
 from . import metrics
@@ -22,6 +23,7 @@ from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
 
 FAMILY = "four_over_six"
+_CACHED = "; weights quantized once per optimizer step (cache_weights)"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
 
 
@@ -80,6 +82,9 @@ def validate_job_config(job_config, kind: str):
         raise ValueError(f"model.converters mixes {others} with {section}: one quantization family per run "
                          f"(use quantize.linear.{FAMILY} and/or quantize.grouped_mm.{FAMILY} alone)")
     compile_cfg = job_config.compile
+    if cfg.cache_weights and compile_cfg.enable and "model" in compile_cfg.components:
+        raise ValueError(f"{section}.cache_weights = true with compile.enable on the model: the weight cache "
+                         "runs in eager mode only; set one of them to false")
     if "cudagraph" in compile_cfg.backend or any("cudagraph" in p for p in getattr(compile_cfg, "passes", ())):
         raise ValueError(f"compile.backend={compile_cfg.backend!r} / compile.passes use CUDA graphs, which "
                          f"{section} cannot run under: the grouped path reads group sizes on the host and the "
@@ -144,7 +149,10 @@ class _Converter(QuantizationConverter):
         hint_without_expandable_segments()
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
-        pass
+        """The weights just changed: drop their cached quantizations (cache_weights)."""
+        if self.cfg.cache_weights:
+            for part in model if isinstance(model, list) else [model]:
+                invalidate_weight_caches(part)
 
 
 class FourOverSixLinearConverter(_Converter):
@@ -174,7 +182,7 @@ class FourOverSixLinearConverter(_Converter):
                    else "its layer is kept in bf16 (bf16_first_layers/bf16_last_layers)"
                    if layer_index(fqn) in keep_layers else self.unsupported(mod))
             if why is None:
-                _replace(model, fqn, FourOverSixLinear.from_linear(mod, self.recipe))
+                _replace(model, fqn, FourOverSixLinear.from_linear(mod, self.recipe, cfg.cache_weights))
                 converted.append(fqn)
                 hits.update(listed)
                 metrics.track(fqn, mod.weight.numel(), self.recipe, grouped=False)
@@ -187,7 +195,8 @@ class FourOverSixLinearConverter(_Converter):
             raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
         check_not_empty(cfg, section, converted, "nn.Linear",
                         f"{section}.fqns / filter_fqns / bf16_first_layers / bf16_last_layers")
-        logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})")
+        logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})"
+                    f"{_CACHED if cfg.cache_weights else ''}")
         if skipped:
             logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
 
@@ -217,7 +226,7 @@ class FourOverSixGroupedMMConverter(_Converter):
             if bad:
                 raise ValueError(f"{section}.fqns selects {fqn} whose {', '.join(bad)} have dims that are not "
                                  f"multiples of {BLOCK}; remove it from {section}.fqns")
-            convert_experts(mod, self.recipe, self.cfg.pad_multiple)
+            convert_experts(mod, self.recipe, cfg.pad_multiple, cfg.cache_weights)
             converted.append(fqn)
             router = getattr(model.get_submodule(fqn.rpartition(".")[0]), "router", None)
             top_k = getattr(router, "top_k", mod.num_experts)
@@ -229,7 +238,7 @@ class FourOverSixGroupedMMConverter(_Converter):
         check_not_empty(cfg, section, converted, "routed-experts module",
                         f"{section}.fqns / bf16_first_layers / bf16_last_layers")
         logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
-                    f"token groups aligned to {cfg.pad_multiple} rows")
+                    f"token groups aligned to {cfg.pad_multiple} rows{_CACHED if cfg.cache_weights else ''}")
 
 
 def register() -> None:

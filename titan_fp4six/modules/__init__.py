@@ -3,5 +3,7 @@
 
 from .experts import GROUP_ALIGN, check_pad_multiple, convert_experts, four_over_six_experts_class
 from .linear import FourOverSixLinear
+from .weight_cache import WeightCache, invalidate_weight_caches
 
-__all__ = ["FourOverSixLinear", "GROUP_ALIGN", "check_pad_multiple", "convert_experts", "four_over_six_experts_class"]
+__all__ = ["FourOverSixLinear", "GROUP_ALIGN", "WeightCache", "check_pad_multiple", "convert_experts",
+           "four_over_six_experts_class", "invalidate_weight_caches"]

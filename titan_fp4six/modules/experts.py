@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..numerics.formats import BLOCK_SIZE
-from ..ops import FourOverSixRecipe, four_over_six_grouped_mm
+from ..ops import FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mm, quantize_grouped_weight
 from .autocast import autocast_operands, no_autocast
 from .dtensor import is_dtensor, local_weight
+from .weight_cache import WeightCache
 
 GROUP_ALIGN = 128
 """Default rows per token-group alignment unit (`pad_multiple`; torchtitan's TOKEN_GROUP_ALIGN_SIZE_M is set to
@@ -31,25 +32,32 @@ def check_pad_multiple(value, name: str = "pad_multiple") -> None:
         raise ValueError(f"{name}={value!r}; it must be a positive multiple of {BLOCK_SIZE} (default {GROUP_ALIGN})")
 
 
+_NAMES = ("w1", "w2", "w3")
+_NO_CACHE = (None, None, None)
+
+
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
-                rows: int | None = None) -> torch.Tensor:
+                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, rows: int | None = None,
+                quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros.
 
-    `rows` is offs[-1] when the caller already knows it (saves a host sync)."""
+    `rows` is offs[-1] when the caller already knows it (saves a host sync); `quantized`: the weights' cached
+    QuantizedWeights in (w1, w2, w3) order, or Nones."""
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     if rows is None:
         rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
     xs = x[:rows]
-    h = F.silu(four_over_six_grouped_mm(xs, w1.transpose(-2, -1), offs, recipe=recipe))
-    h = h * four_over_six_grouped_mm(xs, w3.transpose(-2, -1), offs, recipe=recipe)
-    out = four_over_six_grouped_mm(h, w2.transpose(-2, -1), offs, recipe=recipe).type_as(x)
+    q1, q2, q3 = quantized
+    h = F.silu(four_over_six_grouped_mm(xs, w1.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q1))
+    h = h * four_over_six_grouped_mm(xs, w3.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q3)
+    out = four_over_six_grouped_mm(h, w2.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q2).type_as(x)
     return F.pad(out, (0, 0, 0, x.shape[0] - rows))
 
 
 def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
                        num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
-                       align: int = GROUP_ALIGN) -> torch.Tensor:
+                       align: int = GROUP_ALIGN,
+                       quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """Pad each expert's contiguous rows to a multiple of `align` (zeros), run, and drop the padding rows."""
     counts = num_tokens_per_expert.to(torch.int64)  # torchtitan's histc may hand floats
     sizes = (counts + align - 1) // align * align
@@ -59,7 +67,7 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
     dest = shift[expert_of_row] + torch.arange(x.shape[0], device=x.device)
     total = int(sizes.sum())  # the one host sync of this path
     x_padded = x.new_zeros(total, x.shape[1]).index_copy(0, dest, x)
-    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=total).index_select(0, dest)
+    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=total, quantized=quantized).index_select(0, dest)
 
 
 class _FourOverSixExperts:
@@ -67,21 +75,30 @@ class _FourOverSixExperts:
 
     recipe: FourOverSixRecipe
     pad_multiple: int
+    weight_cache: WeightCache | None = None
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        weights = [local_weight(getattr(self, n), n, experts=True) for n in ("w1", "w2", "w3")]
+        weights = [local_weight(getattr(self, n), n, experts=True) for n in _NAMES]
         # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
         dispatched = is_dtensor(self.w1) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
         *weights, x_in = autocast_operands(*weights, x)
         with no_autocast(x.device):
+            quantized = _NO_CACHE if self.weight_cache is None else tuple(self._cached(n, w)
+                                                                          for n, w in zip(_NAMES, weights))
             if dispatched:
-                out = run_experts(*weights, x_in, num_tokens_per_expert, self.recipe)
+                out = run_experts(*weights, x_in, num_tokens_per_expert, self.recipe, quantized=quantized)
             else:
-                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, self.recipe, self.pad_multiple)
+                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, self.recipe, self.pad_multiple,
+                                         quantized)
             return out.to(x.dtype)
 
+    def _cached(self, name: str, weight: torch.Tensor) -> QuantizedWeight | None:
+        return self.weight_cache.get(name, getattr(self, name), weight,
+                                     lambda: quantize_grouped_weight(weight.transpose(-2, -1), recipe=self.recipe))
+
     def extra_repr(self) -> str:
-        return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}"
+        cached = ", cache_weights=True" if self.weight_cache is not None else ""
+        return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}{cached}"
 
 
 _CLASSES: dict[type, type] = {}
@@ -98,11 +115,13 @@ def four_over_six_experts_class(parent: type[nn.Module]) -> type[nn.Module]:
     return cls
 
 
-def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: int = GROUP_ALIGN) -> nn.Module:
+def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: int = GROUP_ALIGN,
+                    cache_weights: bool = False) -> nn.Module:
     """Turn `module` (an experts instance) into its four-over-six subclass in place and return it; without
-    expert parallelism it pads each token group to `pad_multiple` rows."""
+    expert parallelism it pads each token group to `pad_multiple` rows; cache_weights: quantize the weights once
+    per optimizer step (weight_cache.py)."""
     check_pad_multiple(pad_multiple)
-    for name in ("w1", "w2", "w3"):
+    for name in _NAMES:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor) or w.dim() != 3:
             raise TypeError(f"{type(module).__name__}.{name} must be a 3-D (experts, out, in) parameter")
@@ -110,4 +129,5 @@ def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: 
     module.__class__ = four_over_six_experts_class(type(module))
     module.recipe = resolved
     module.pad_multiple = pad_multiple
+    module.weight_cache = WeightCache() if cache_weights else None
     return module

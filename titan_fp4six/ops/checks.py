@@ -25,18 +25,22 @@ def check_same_device(*named) -> None:
         raise ValueError("all operands must be on one device, got " + ", ".join(f"{n} on {t.device}" for n, t in named))
 
 
-def check_dense(x, weight, bias, recipe) -> None:
+def check_linear_weight(weight, recipe) -> None:
     check_recipe(recipe)
-    check_float_tensor(x, "x")
     check_float_tensor(weight, "weight")
-    if x.dim() < 1:
-        raise ValueError("x must have at least one dimension (..., K)")
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    check_multiple(weight.shape[1], "K (weight.shape[1])")
+    check_multiple(weight.shape[0], "N (weight.shape[0])")
+
+
+def check_dense(x, weight, bias, recipe) -> None:
+    check_linear_weight(weight, recipe)
+    check_float_tensor(x, "x")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., K)")
     if weight.shape[1] != x.shape[-1]:
         raise ValueError(f"x has K={x.shape[-1]} but weight (N, K) has shape {tuple(weight.shape)}")
-    check_multiple(x.shape[-1], "K (x.shape[-1])")
-    check_multiple(weight.shape[0], "N (weight.shape[0])")
     named = [("x", x), ("weight", weight)]
     if bias is not None:
         check_float_tensor(bias, "bias")
@@ -46,25 +50,30 @@ def check_dense(x, weight, bias, recipe) -> None:
     check_same_device(*named)
 
 
-def check_grouped(A, B_t, offs, recipe) -> None:
+def check_expert_weights(B_t, recipe) -> None:
     check_recipe(recipe)
-    check_float_tensor(A, "A")
     check_float_tensor(B_t, "B_t")
-    if A.dim() != 2:
-        raise ValueError(f"A must be 2-D (M, K), got shape {tuple(A.shape)}")
     if B_t.dim() != 3:
         raise ValueError(f"B_t must be 3-D (E, K, N), the transposed view of (E, N, K) weights; "
                          f"got shape {tuple(B_t.shape)}")
     experts, k, n = B_t.shape
     if not experts or not n:
         raise ValueError(f"B_t (E, K, N) has shape {tuple(B_t.shape)}; E (experts) and N must be positive")
-    if A.shape[1] != k:
-        raise ValueError(f"A has K={A.shape[1]} but B_t (E, K, N) has shape {tuple(B_t.shape)}")
-    check_multiple(k, "K (A.shape[1])")
+    check_multiple(k, "K (B_t.shape[1])")
     if recipe.weight_block == "16x16":
         if n % BLOCK_SIZE:
             raise ValueError(f"weight_block='16x16' needs N (B_t.shape[2]) a multiple of {BLOCK_SIZE}, got {n}; "
                              "use weight_block='1x16'")
+
+
+def check_grouped(A, B_t, offs, recipe) -> None:
+    check_expert_weights(B_t, recipe)
+    check_float_tensor(A, "A")
+    if A.dim() != 2:
+        raise ValueError(f"A must be 2-D (M, K), got shape {tuple(A.shape)}")
+    experts, k, n = B_t.shape
+    if A.shape[1] != k:
+        raise ValueError(f"A has K={A.shape[1]} but B_t (E, K, N) has shape {tuple(B_t.shape)}")
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32:
         got = offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__
         raise TypeError(f"offs must be an int32 tensor of inclusive group ends, got {got}")

@@ -10,15 +10,16 @@ functions below check their arguments once.
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_dense_amaxes, run_tensor_amax
+from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
 from ..dispatch.quantize import run_dequantize
 from ..numerics.formats import STANDARD_BOUND
-from .checks import check_dense
+from .checks import check_dense, check_linear_weight
 from .custom import compile_opaque_op
 from .gemm import decode_on, gemm_nt
 from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
                        transposed_tiles)
 from .recipe import FourOverSixRecipe, recipe_from_key
+from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
 
@@ -26,6 +27,12 @@ _F8 = torch.float8_e4m3fn
 def split_amaxes(amaxes: Tensor, row_scaled: bool) -> tuple[Tensor, Tensor]:
     """(x's amax: () or (M,) when row_scaled, the weight's amax ()) as views of dense_fwd's amaxes vector."""
     return (amaxes[:-1], amaxes[-1]) if row_scaled else (amaxes[0], amaxes[1])
+
+
+def _forward(x: Tensor, x_amax: Tensor, wq: Operand, w_amax: Tensor, r: FourOverSixRecipe, decode: bool):
+    """(output, x's operand): x quantized, times the weight's operand."""
+    xq = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
+    return gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r), xq
 
 
 @compile_opaque_op("dense_fwd")
@@ -37,24 +44,44 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     decode = decode_on(x.device, r.gemm)
     amaxes = run_dense_amaxes(x, weight, r.row_scaled, r.quantizer)
     x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
-    xq = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
     wq = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
-    out = gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r)
+    out, xq = _forward(x, x_amax, wq, w_amax, r, decode)
     return out, xq.codes, xq.scales, wq.codes, wq.scales, amaxes
 
 
 @dense_fwd.register_fake
 def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
-    u8 = torch.uint8
     row_scaled = recipe_from_key(recipe).row_scaled
-    return (x.new_empty(m, n), x.new_empty(m, k // 2, dtype=u8), x.new_empty(m, k // 16, dtype=_F8),
-            x.new_empty(n, k // 2, dtype=u8), x.new_empty(n, k // 16, dtype=_F8),
+    return (x.new_empty(m, n), *_fake_codes(x, m, k), *_fake_codes(x, n, k),
             x.new_empty((m if row_scaled else 1) + 1, dtype=torch.float32))
 
 
-def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOverSixRecipe, x_dtype, w_dtype,
-                     need_dx, need_dw):
+@compile_opaque_op("dense_fwd_quantized_weight")
+def dense_fwd_quantized_weight(x: Tensor, w_codes: Tensor, w_scales: Tensor, w_decoded: Tensor | None,
+                               w_amax: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dense_fwd with the weight already quantized (ops.weights.QuantizedWeight): (output, x codes, x scales,
+    x's amax: () or (M,) when row-scaled)."""
+    r = recipe_from_key(recipe)
+    x_amax = run_row_amax(x, r.quantizer) if r.row_scaled else run_tensor_amax(x, r.quantizer)
+    out, xq = _forward(x, x_amax, Operand(w_codes, w_scales, w_decoded), w_amax, r, decode_on(x.device, r.gemm))
+    return out, xq.codes, xq.scales, x_amax
+
+
+@dense_fwd_quantized_weight.register_fake
+def _(x, w_codes, w_scales, w_decoded, w_amax, recipe):
+    m, k = x.shape
+    row_scaled = recipe_from_key(recipe).row_scaled
+    return (x.new_empty(m, w_codes.shape[0]), *_fake_codes(x, m, k),
+            x.new_empty(m if row_scaled else (), dtype=torch.float32))
+
+
+def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
+    return t.new_empty(rows, k // 2, dtype=torch.uint8), t.new_empty(rows, k // 16, dtype=_F8)
+
+
+def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, r: FourOverSixRecipe, x_dtype,
+                     w_dtype, need_dx, need_dw):
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy in standard NVFP4
     with its own per-tensor amax, x and W columnwise with the forward's amax. Columnwise operands are blocked
     along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing)."""
@@ -63,7 +90,7 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
     dx = dw = dy.new_empty(0)
     if need_dx:
         if r.weight_block == "16x16":
-            w_col = transposed_tiles(Operand(w_codes, w_scales), decode, r.quantizer)
+            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), decode, r.quantizer)
         else:
             w_col = quantize_46_columnwise(weight, w_amax, r, decode, weight=True)
         dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_amax, STANDARD_BOUND, w_col, w_amax, r.scale_bound,
@@ -77,14 +104,15 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r: FourOv
 
 @compile_opaque_op("dense_bwd")
 def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tensor | None,
-              x_scales: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None, amaxes: Tensor, recipe: str,
-              x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
-    """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed."""
+              x_scales: Tensor | None, w_codes: Tensor | None, w_scales: Tensor | None, w_decoded: Tensor | None,
+              x_amax: Tensor, w_amax: Tensor, recipe: str, x_dtype: torch.dtype, w_dtype: torch.dtype, need_dx: bool,
+              need_dw: bool) -> tuple[Tensor, Tensor]:
+    """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed.
+    w_decoded: the forward weight's decode where it outlives the forward (a QuantizedWeight), else None."""
     r = recipe_from_key(recipe)
-    x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
     if r.backward == "quantized":
-        return _quantized_grads(dy, x, weight, w_codes, w_scales, x_amax, w_amax, r, x_dtype, w_dtype, need_dx,
-                                need_dw)
+        return _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, r, x_dtype, w_dtype,
+                                need_dx, need_dw)
     # high_precision / dequantized: GEMMs in the activations' dtype (bf16 in training) on the original or the
     # dequantized forward operands
     if r.backward == "dequantized":
@@ -97,7 +125,8 @@ def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tens
 
 
 @dense_bwd.register_fake
-def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, amaxes, recipe, x_dtype, w_dtype, need_dx, need_dw):
+def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, w_decoded, x_amax, w_amax, recipe, x_dtype, w_dtype,
+      need_dx, need_dw):
     m, n = dy.shape
     k = x.shape[1] if x is not None else x_codes.shape[1] * 2
     dx = dy.new_empty(m, k, dtype=x_dtype) if need_dx else dy.new_empty(0)
@@ -107,18 +136,23 @@ def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, amaxes, recipe, x_dty
 
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, recipe: FourOverSixRecipe):
+    def forward(ctx, x, weight, recipe: FourOverSixRecipe, qw: QuantizedWeight | None):
         key = recipe.key
-        out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, key)
-        if recipe.backward == "high_precision":
-            saved = (x, weight, None, None, None, None, amaxes)
-        elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
-            saved = (None, None, xc, xs, wc, ws, amaxes)
-        elif recipe.weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
-            saved = (x, None, None, None, wc, ws, amaxes)
+        if qw is None:
+            out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, key)
+            (x_amax, w_amax), w_dec = split_amaxes(amaxes, recipe.row_scaled), None
         else:
-            saved = (x, weight, None, None, None, None, amaxes)
-        ctx.save_for_backward(*saved)
+            out, xc, xs, x_amax = dense_fwd_quantized_weight(x, qw.codes, qw.scales, qw.decoded, qw.amax, key)
+            wc, ws, w_dec, w_amax = qw.codes, qw.scales, qw.decoded, qw.amax
+        if recipe.backward == "high_precision":
+            saved = (x, weight, None, None, None, None, None)
+        elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
+            saved = (None, None, xc, xs, wc, ws, None)
+        elif recipe.weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
+            saved = (x, None, None, None, wc, ws, w_dec)
+        else:
+            saved = (x, weight, None, None, None, None, None)
+        ctx.save_for_backward(*saved, x_amax, w_amax)
         ctx.config = (key, x.dtype, weight.dtype)
         return out
 
@@ -127,21 +161,40 @@ class _DenseFunction(torch.autograd.Function):
         key, x_dtype, w_dtype = ctx.config
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx, dw = dense_bwd(dy.contiguous(), *ctx.saved_tensors, key, x_dtype, w_dtype, need_dx, need_dw)
-        return (dx if need_dx else None), (dw if need_dw else None), None
+        return (dx if need_dx else None), (dw if need_dw else None), None, None
 
 
-def four_over_six_mm(x2d: Tensor, weight: Tensor, *, recipe: FourOverSixRecipe) -> Tensor:
-    """x2d (M, K) @ weight (N, K)^T with four-over-six NVFP4 operands -> (M, N) in x2d's dtype."""
+def _apply(x2d: Tensor, weight: Tensor, recipe: FourOverSixRecipe, quantized_weight: QuantizedWeight | None):
+    resolved = recipe.resolve(grouped=False)
+    if quantized_weight is not None:
+        quantized_weight.check(weight, resolved, "weight")
+    return _DenseFunction.apply(x2d, weight, resolved, quantized_weight)
+
+
+def quantize_linear_weight(weight: Tensor, *, recipe: FourOverSixRecipe) -> QuantizedWeight:
+    """weight (N, K) quantized as four_over_six_linear's forward quantizes it, to pass as its quantized_weight
+    while the weight is unchanged (e.g. across gradient-accumulation micro-batches)."""
+    check_linear_weight(weight, recipe)
+    return quantize_rows(weight, 0, recipe.resolve(grouped=False), weight)
+
+
+def four_over_six_mm(x2d: Tensor, weight: Tensor, *, recipe: FourOverSixRecipe,
+                     quantized_weight: QuantizedWeight | None = None) -> Tensor:
+    """x2d (M, K) @ weight (N, K)^T with four-over-six NVFP4 operands -> (M, N) in x2d's dtype;
+    quantized_weight as in four_over_six_linear."""
     check_dense(x2d, weight, None, recipe)
     if x2d.dim() != 2:
         raise ValueError(f"x2d must be 2-D (M, K), got shape {tuple(x2d.shape)}; use four_over_six_linear")
-    return _DenseFunction.apply(x2d, weight, recipe.resolve(grouped=False))
+    return _apply(x2d, weight, recipe, quantized_weight)
 
 
-def four_over_six_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                         recipe: FourOverSixRecipe) -> Tensor:
-    """F.linear with four-over-six NVFP4 operands: x (..., K), weight (N, K), bias (N,) -> (..., N) in x's dtype."""
+def four_over_six_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, recipe: FourOverSixRecipe,
+                         quantized_weight: QuantizedWeight | None = None) -> Tensor:
+    """F.linear with four-over-six NVFP4 operands: x (..., K), weight (N, K), bias (N,) -> (..., N) in x's dtype.
+
+    quantized_weight: quantize_linear_weight(weight, recipe=recipe) made earlier from this same, unchanged weight:
+    the forward then skips the weight's amax and quantization (same result); the gradient still flows to weight."""
     check_dense(x, weight, bias, recipe)
-    out = _DenseFunction.apply(x.reshape(-1, x.shape[-1]), weight, recipe.resolve(grouped=False))
+    out = _apply(x.reshape(-1, x.shape[-1]), weight, recipe, quantized_weight)
     out = out.view(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias.to(out.dtype)

@@ -12,25 +12,36 @@ from torch import Tensor
 from ..dispatch.amax import run_expert_amax, run_token_groups
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import RowGroups
-from .checks import check_grouped, check_offs_values
+from .checks import check_expert_weights, check_grouped, check_offs_values
 from .custom import compile_opaque_op
 from .gemm import decode_on, grouped_gemm_nt
-from .operands import quantize_46
+from .operands import Operand, quantize_46
 from .recipe import FourOverSixRecipe, recipe_from_key
+from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
 
 
-def _expert_weights(B_t: Tensor, quantizer: str) -> tuple[Tensor, Tensor]:
-    """(E, K, N) transposed view -> (E*N, K) rows blocked along K, and the per-expert amax (E,)."""
+def _expert_rows(B_t: Tensor) -> Tensor:
+    """(E, K, N) transposed view -> (E*N, K) rows blocked along K (each expert's N rows one run)."""
     experts, k, n = B_t.shape
-    w = B_t.transpose(-2, -1).reshape(experts * n, k)
-    return w, run_expert_amax(w, experts, quantizer)
+    return B_t.transpose(-2, -1).reshape(experts * n, k)
 
 
 def _token_rows(group_of_row: Tensor, offs: Tensor, r: FourOverSixRecipe) -> RowGroups:
     """A's rows by token group: the amax per group, or per row when row-scaled."""
     return RowGroups(group_of_row, offs.numel(), amax_by_group=not r.row_scaled)
+
+
+def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, r: FourOverSixRecipe, decode: bool):
+    """(output, A's operand, A's amax, group of each row, empty groups): A quantized, times the experts' operand."""
+    check_offs_values(offs, A.shape[0])
+    # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
+    # token's amax
+    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, r.row_scaled, r.quantizer)
+    aq = quantize_46(A, a_amax, "1x16", r, decode, weight=False, groups=_token_rows(group_of_row, offs, r))
+    out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
+    return out, aq, a_amax, group_of_row, empty_groups
 
 
 @compile_opaque_op("grouped_fwd")
@@ -39,26 +50,46 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,), the
     group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
     r = recipe_from_key(recipe)
-    check_offs_values(offs, A.shape[0])
-    # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
-    # token's amax
-    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, r.row_scaled, r.quantizer)
     decode = decode_on(A.device, r.gemm)
-    aq = quantize_46(A, a_amax, "1x16", r, decode, weight=False, groups=_token_rows(group_of_row, offs, r))
-    w, w_amax = _expert_weights(B_t, r.quantizer)
+    w = _expert_rows(B_t)
+    w_amax = run_expert_amax(w, B_t.shape[0], r.quantizer)
     wq = quantize_46(w, w_amax, r.weight_block, r, decode, weight=True)
-    out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
+    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, r, decode)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 
 
 @grouped_fwd.register_fake
 def _(A, B_t, offs, recipe):
     (m, k), (e, _, n) = A.shape, B_t.shape
-    u8, f32 = torch.uint8, torch.float32
+    a_codes, a_scales, a_amax, group_of_row, empty_groups = _fake_a_side(A, offs, recipe)
+    return (A.new_empty(m, n), a_codes, a_scales, a_amax, A.new_empty(e * n, k // 2, dtype=torch.uint8),
+            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=torch.float32), group_of_row, empty_groups)
+
+
+@compile_opaque_op("grouped_fwd_quantized_weight")
+def grouped_fwd_quantized_weight(A: Tensor, offs: Tensor, w_codes: Tensor, w_scales: Tensor,
+                                 w_decoded: Tensor | None, w_amax: Tensor,
+                                 recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """grouped_fwd with the experts' weights already quantized (ops.weights.QuantizedWeight): output, then A
+    codes, scales, amax, the group of each row and which groups are empty."""
+    r = recipe_from_key(recipe)
+    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, Operand(w_codes, w_scales, w_decoded), w_amax,
+                                                           r, decode_on(A.device, r.gemm))
+    return out, aq.codes, aq.scales, a_amax, group_of_row, empty_groups
+
+
+@grouped_fwd_quantized_weight.register_fake
+def _(A, offs, w_codes, w_scales, w_decoded, w_amax, recipe):
+    return A.new_empty(A.shape[0], w_codes.shape[0] // offs.shape[0]), *_fake_a_side(A, offs, recipe)
+
+
+def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
+    """Fake A codes, scales, amax, group of each row and empty groups."""
+    m, k = A.shape
+    e = offs.shape[0]
     row_scaled = recipe_from_key(recipe).row_scaled
-    return (A.new_empty(m, n), A.new_empty(m, k // 2, dtype=u8), A.new_empty(m, k // 16, dtype=_F8),
-            A.new_empty(m if row_scaled else e, dtype=f32), A.new_empty(e * n, k // 2, dtype=u8),
-            A.new_empty(e * n, k // 16, dtype=_F8), A.new_empty(e, dtype=f32), A.new_empty(m, dtype=torch.int64),
+    return (A.new_empty(m, k // 2, dtype=torch.uint8), A.new_empty(m, k // 16, dtype=_F8),
+            A.new_empty(m if row_scaled else e, dtype=torch.float32), A.new_empty(m, dtype=torch.int64),
             A.new_empty(e, dtype=torch.bool))
 
 
@@ -102,9 +133,14 @@ def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w
 
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe):
+    def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe, qw: QuantizedWeight | None):
         key = recipe.key
-        out, ac, as_, aa, wc, ws, wa, group_of_row, empty_groups = grouped_fwd(A, B_t, offs, key)
+        if qw is None:
+            out, ac, as_, aa, wc, ws, wa, group_of_row, empty_groups = grouped_fwd(A, B_t, offs, key)
+        else:
+            out, ac, as_, aa, group_of_row, empty_groups = grouped_fwd_quantized_weight(
+                A, offs, qw.codes, qw.scales, qw.decoded, qw.amax, key)
+            wc, ws, wa = qw.codes, qw.scales, qw.amax
         if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
             ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, wa)
         else:
@@ -117,14 +153,27 @@ class _GroupedFunction(torch.autograd.Function):
         key, a_dtype, w_dtype = ctx.config
         need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dA, dW = grouped_bwd(dy.contiguous(), *ctx.saved_tensors, key, a_dtype, w_dtype, need_da, need_dw)
-        return (dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None), None, None
+        return (dA if need_da else None), (dW.transpose(-2, -1) if need_dw else None), None, None, None
 
 
-def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe) -> Tensor:
+def quantize_grouped_weight(B_t: Tensor, *, recipe: FourOverSixRecipe) -> QuantizedWeight:
+    """Expert weights B_t (E, K, N) (the transposed view of (E, N, K)) quantized as four_over_six_grouped_mm's
+    forward quantizes them, to pass as its quantized_weight while they are unchanged."""
+    check_expert_weights(B_t, recipe)
+    return quantize_rows(_expert_rows(B_t), B_t.shape[0], recipe.resolve(grouped=True), B_t)
+
+
+def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe,
+                             quantized_weight: QuantizedWeight | None = None) -> Tensor:
     """torch._grouped_mm(A, B_t, offs=offs) with four-over-six NVFP4 operands -> (M, N) in A's dtype.
 
     A (M, K) rows sorted by expert; B_t (E, K, N) the transposed view of (E, N, K) expert weights; offs int32
     inclusive group ends (length E, offs[-1] <= M). Backward: recipe.resolved_backward(grouped=True).
+    quantized_weight: quantize_grouped_weight(B_t, recipe=recipe) made earlier from these same, unchanged
+    weights: the forward skips their amax and quantization (same result); the gradient still flows to B_t.
     """
     check_grouped(A, B_t, offs, recipe)
-    return _GroupedFunction.apply(A, B_t, offs, recipe.resolve(grouped=True))
+    resolved = recipe.resolve(grouped=True)
+    if quantized_weight is not None:
+        quantized_weight.check(B_t, resolved, "B_t")
+    return _GroupedFunction.apply(A, B_t, offs, resolved, quantized_weight)

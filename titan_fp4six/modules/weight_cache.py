@@ -1,0 +1,56 @@
+"""Each weight quantized once per optimizer step, not once per forward (opt-in: `cache_weights`).
+
+Between two optimizer steps a weight does not change, yet every gradient-accumulation micro-batch (and every
+activation-checkpoint recomputation) would quantize it again. A module with a WeightCache quantizes each weight on
+its first forward after an optimizer step and hands the ops that QuantizedWeight until `invalidate()`: the
+torchtitan converters call it (through `invalidate_weight_caches`) after every optimizer step, since a fused
+AdamW does not bump the parameters' version counters; whoever steps an optimizer outside torchtitan calls it too.
+An entry is also keyed on the parameter object, its version counter and the dtype the forward casts it to, so
+in-place edits (a checkpoint load) and autocast changes re-quantize. Under FSDP2 the key is the unsharded
+parameter, whose version FSDP2 preserves across all-gathers: only `invalidate` marks its new values.
+
+The cache holds each weight's codes, scales and bf16 decode between steps (~1.6x the bf16 weight's bytes) and
+is bypassed while torch.compile traces (the config refuses the pair; results are the same either way).
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..ops import QuantizedWeight
+
+
+class WeightCache:
+    """A module's QuantizedWeights by parameter name, valid until `invalidate()`."""
+
+    def __init__(self):
+        self._entries: dict[str, tuple] = {}
+        self.quantizations = 0
+        """How many weights this cache quantized (tests and logs count them)."""
+
+    def invalidate(self) -> None:
+        """The weights changed (an optimizer step): the next forward quantizes them again."""
+        self._entries.clear()
+
+    def get(self, name: str, param: torch.Tensor, operand: torch.Tensor,
+            quantize: Callable[[], QuantizedWeight]) -> QuantizedWeight | None:
+        """The QuantizedWeight of `operand` (the module's parameter `param` as the forward hands it to the op),
+        from `quantize()` on a miss; None while torch.compile traces."""
+        if torch.compiler.is_compiling():
+            return None
+        key = (param._version, operand.dtype)
+        entry = self._entries.get(name)
+        if entry is None or entry[0] is not param or entry[1] != key:
+            entry = (param, key, quantize())
+            self._entries[name] = entry
+            self.quantizations += 1
+        return entry[2]
+
+
+def invalidate_weight_caches(model: nn.Module) -> None:
+    """Invalidate the weight cache of every converted module of `model` (after an optimizer step)."""
+    for module in model.modules():
+        cache = getattr(module, "weight_cache", None)
+        if cache is not None:
+            cache.invalidate()

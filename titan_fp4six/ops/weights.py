@@ -1,0 +1,77 @@
+"""Weights quantized ahead of the GEMM, for reuse: QuantizedWeight and the functions that make one.
+
+A weight does not change between optimizer steps, so its four-over-six quantization (amax, codes, scales and
+the emulated GEMM's bf16 decode) can be computed once and handed to every forward until the next step:
+gradient-accumulation micro-batches and activation-checkpoint recomputations then skip the weight's amax and
+quantize passes. The ops quantize a given weight exactly as their own forward does (same amax, block, scope),
+so a QuantizedWeight changes no result; it only has to be of the same weight (QuantizedWeight.check).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..dispatch.amax import run_expert_amax, run_tensor_amax
+from .custom import compile_opaque_op
+from .gemm import decode_on
+from .operands import Operand, quantize_46
+from .recipe import FourOverSixRecipe, recipe_from_key
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight as the ops' forward quantizes it: codes, scales, the bf16 block-scaled decode (None where real
+    FP4 GEMMs run) and the amax, () for a dense weight or (E,) per expert; `source` records the recipe key, shape,
+    dtype and device of the weight it was made from."""
+
+    codes: Tensor
+    scales: Tensor
+    decoded: Tensor | None
+    amax: Tensor
+    source: tuple
+
+    def operand(self) -> Operand:
+        return Operand(self.codes, self.scales, self.decoded)
+
+    def check(self, weight: Tensor, recipe: FourOverSixRecipe, name: str) -> None:
+        """Raise unless this was made from a weight like `weight` with `recipe` (resolved as the op resolves it)."""
+        want = _source(weight, recipe)
+        if self.source != want:
+            raise ValueError(f"quantized_weight was made from {_describe(self.source)}, but {name} is "
+                             f"{_describe(want)}; quantize that weight with this recipe")
+
+
+def _source(weight: Tensor, recipe: FourOverSixRecipe) -> tuple:
+    return recipe.key, tuple(weight.shape), weight.dtype, weight.device
+
+
+def _describe(source: tuple) -> str:
+    key, shape, dtype, device = source
+    return f"a {dtype} weight of shape {shape} on {device} (recipe {key})"
+
+
+@compile_opaque_op("quantize_weight")
+def quantize_weight_op(w: Tensor, experts: int, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(codes, scales, decode or an empty tensor, amax) of weight rows w (R, K): one amax over w (experts=0) or
+    one per run of R/experts rows (an expert's), quantized as the forward ops quantize their weight."""
+    r = recipe_from_key(recipe)
+    amax = run_expert_amax(w, experts, r.quantizer) if experts else run_tensor_amax(w, r.quantizer)
+    q = quantize_46(w, amax, r.weight_block, r, decode_on(w.device, r.gemm), weight=True)
+    return q.codes, q.scales, (w.new_empty(0, dtype=torch.bfloat16) if q.decoded is None else q.decoded), amax
+
+
+@quantize_weight_op.register_fake
+def _(w, experts, recipe):
+    rows, k = w.shape
+    decoded = w.new_empty(rows, k, dtype=torch.bfloat16) if decode_on(w.device, recipe_from_key(recipe).gemm) else (
+        w.new_empty(0, dtype=torch.bfloat16))
+    return (w.new_empty(rows, k // 2, dtype=torch.uint8), w.new_empty(rows, k // 16, dtype=torch.float8_e4m3fn),
+            decoded, w.new_empty(experts or (), dtype=torch.float32))
+
+
+def quantize_rows(w: Tensor, experts: int, recipe: FourOverSixRecipe, source: Tensor) -> QuantizedWeight:
+    """QuantizedWeight of weight rows w (R, K) (see quantize_weight_op), recorded as made from `source`."""
+    with torch.no_grad():
+        codes, scales, decoded, amax = quantize_weight_op(w.contiguous(), experts, recipe.key)
+    return QuantizedWeight(codes, scales, decoded if decoded.numel() else None, amax, _source(source, recipe))
