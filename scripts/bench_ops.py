@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_linear, four_over_six_quantize, tensor_amax
 from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-from titan_fp4six.ops.stats import MAP4_STATS
+from titan_fp4six.ops import MAP4_STATS, quantize_linear_weight
 
 MODES = ("quantized", "dequantized", "high_precision")
 
@@ -92,6 +92,10 @@ def main():
         ms = gpu_ms(fn, args.iters)
         row(f"{n}^3 linear fwd+bwd 4/6 {mode} (ms)", ms, "ms", ms / base)
         row(f"{n}^3 linear fwd+bwd 4/6 {mode} host (us)", host_us(fn, args.iters), "us")
+        # a micro-batch after the first with cache_weights: the weight comes quantized (quantize_linear_weight)
+        qw = quantize_linear_weight(w, recipe=recipe)
+        cached = gpu_ms(step(lambda: four_over_six_linear(x, w, recipe=recipe, quantized_weight=qw)), args.iters)
+        row(f"{n}^3 linear fwd+bwd 4/6 {mode}, weight cached (ms)", cached, "ms", cached / base)
 
     small = torch.randn(1024, 1024, generator=gen).to(device, torch.bfloat16)
     small_amax = tensor_amax(small)
