@@ -77,3 +77,31 @@ def test_trains_a_plain_model_and_bf16_state_loads_back():
         assert torch.equal(converted(x), model(x))
         plain_loss = nn.functional.cross_entropy(plain(x).float(), y).item()
     assert plain_loss < 0.6 * sum(losses[:5]) / 5  # the quantized training taught the unquantized model too
+
+
+def test_cache_weights_with_a_hook_after_each_optimizer_step():
+    """cache_weights outside torchtitan: the caller invalidates after each step (here an optimizer post hook);
+    two micro-batches per step train exactly as without the cache."""
+    from titan_fp4six.modules import invalidate_weight_caches
+
+    with pytest.raises(ValueError, match="cache_weights=1; it must be True or False"):
+        FourOverSixTrainingConfig(cache_weights=1)
+    x, y = _data()
+    losses = {}
+    for cache in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        quantize_(model, FourOverSixTrainingConfig(cache_weights=cache), filter_fn=quantizable_linear)
+        assert (model.body[0].weight_cache is not None) == cache
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)  # fused: no version counter bumps
+        opt.register_step_post_hook(lambda *_: invalidate_weight_caches(model))
+        losses[cache] = []
+        for _ in range(4):
+            for xb, yb in ((x[:128], y[:128]), (x[128:], y[128:])):
+                loss = nn.functional.cross_entropy(model(xb), yb)
+                loss.backward()
+                losses[cache].append(loss.item())
+            opt.step()
+            opt.zero_grad()
+    assert losses[True] == losses[False]
+    assert model.body[0].weight_cache.quantizations == 4

@@ -24,6 +24,8 @@ def _post_init(self):
         self.recipe()
     except (ValueError, TypeError) as e:
         raise ValueError(f"FourOverSixTrainingConfig: {e}") from e
+    if type(self.cache_weights) is not bool:
+        raise ValueError(f"FourOverSixTrainingConfig: cache_weights={self.cache_weights!r}; it must be True or False")
 
 
 def _recipe(self) -> FourOverSixRecipe:
@@ -32,11 +34,13 @@ def _recipe(self) -> FourOverSixRecipe:
 
 
 FourOverSixTrainingConfig = make_dataclass(
-    "FourOverSixTrainingConfig", [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in KNOBS],
+    "FourOverSixTrainingConfig", [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in KNOBS]
+    + [("cache_weights", bool, field(default=False))],
     bases=(AOBaseConfig,), kw_only=True,
     namespace={"__post_init__": _post_init, "recipe": _recipe, "__module__": __name__,
                "__doc__": "The four-over-six recipe's knobs (FourOverSixRecipe's fields, names, values and "
-                          "defaults), validated when the config is built."})
+                          "defaults), validated when the config is built, and cache_weights: quantize each weight "
+                          "once per optimizer step (call invalidate_weight_caches(model) after each step)."})
 
 
 def quantizable_linear(module: nn.Module, fqn: str = "") -> bool:
@@ -59,4 +63,4 @@ def _four_over_six_training_transform(module: nn.Module, config: FourOverSixTrai
                          f"{module.in_features}, out_features={module.out_features}; both must be multiples of "
                          f"{BLOCK_SIZE} (NVFP4 blocks). Leave it out with filter_fn (e.g. "
                          "titan_fp4six.quantizable_linear)")
-    return FourOverSixLinear.from_linear(module, config.recipe())
+    return FourOverSixLinear.from_linear(module, config.recipe(), config.cache_weights)
