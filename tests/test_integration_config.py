@@ -105,8 +105,8 @@ def test_fqn_matching_is_by_dotted_parts():
     pytest.param(["--quantize.grouped_mm.four_over_six.gemm", "fp4"], GMM, rf"{GMM}.gemm='fp4' needs a Blackwell GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine (maybe a Blackwell)")),
     (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
-    (["--compile.enable", "--quantize.grouped_mm.four_over_six.cache_weights"], GMM,
-     rf"{GMM}.cache_weights = true with compile.enable on the model"),
+    (["--compile.enable", "--quantize.linear.four_over_six.cache_weights"], LIN,
+     rf"{LIN}.cache_weights = true with compile.enable on the model"),
     (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
       "--parallelism.expert_tensor_parallel_degree", "2"], GMM, "expert_tensor_parallel_degree = 1"),
 ])
@@ -173,3 +173,9 @@ def test_valid_combinations_build():
     _build(job_config("--compile.enable", "--parallelism.expert_parallel_degree", "2",
                       "--quantize.linear.four_over_six.activation_scaling", "row",
                       "--quantize.grouped_mm.four_over_six.backward", "dequantized"))
+
+
+def test_grouped_cache_weights_is_allowed_with_compile():
+    """torchtitan compiles the MoE blocks but leaves the routed experts eager, where the cache runs."""
+    job = job_config("--compile.enable", "--quantize.grouped_mm.four_over_six.cache_weights", converters=GMM)
+    assert _build(job).converters[0].cfg.cache_weights

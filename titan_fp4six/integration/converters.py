@@ -82,9 +82,11 @@ def validate_job_config(job_config, kind: str):
         raise ValueError(f"model.converters mixes {others} with {section}: one quantization family per run "
                          f"(use quantize.linear.{FAMILY} and/or quantize.grouped_mm.{FAMILY} alone)")
     compile_cfg = job_config.compile
-    if cfg.cache_weights and compile_cfg.enable and "model" in compile_cfg.components:
+    if kind == "linear" and cfg.cache_weights and compile_cfg.enable and "model" in compile_cfg.components:
         raise ValueError(f"{section}.cache_weights = true with compile.enable on the model: the weight cache "
-                         "runs in eager mode only; set one of them to false")
+                         "runs in eager mode only and torch.compile traces the dense Linears (routed experts stay "
+                         f"eager: quantize.grouped_mm.{FAMILY}.cache_weights works with compile); set one of them "
+                         "to false")
     if "cudagraph" in compile_cfg.backend or any("cudagraph" in p for p in getattr(compile_cfg, "passes", ())):
         raise ValueError(f"compile.backend={compile_cfg.backend!r} / compile.passes use CUDA graphs, which "
                          f"{section} cannot run under: the grouped path reads group sizes on the host and the "

@@ -35,7 +35,7 @@ class _SectionBase:
     cache_weights: bool = False
     """Quantize each weight once per optimizer step and reuse it across gradient-accumulation micro-batches and
     activation-checkpoint recomputations (same results; holds ~1.6x the bf16 weights' bytes between steps;
-    eager only: not with compile.enable on the model)."""
+    eager modules only: the linear section refuses it with compile.enable, routed experts stay eager)."""
 
     SECTION = ""
     GROUPED = False

@@ -10,7 +10,8 @@ in-place edits (a checkpoint load) and autocast changes re-quantize. Under FSDP2
 parameter, whose version FSDP2 preserves across all-gathers: only `invalidate` marks its new values.
 
 The cache holds each weight's codes, scales and bf16 decode between steps (~1.6x the bf16 weight's bytes) and
-is bypassed while torch.compile traces (the config refuses the pair; results are the same either way).
+is bypassed while torch.compile traces (same results either way; torchtitan compiles the dense Linears, so the
+linear section refuses the pair, and leaves the routed experts eager, where the cache runs).
 """
 
 from collections.abc import Callable
