@@ -1,5 +1,6 @@
 """The modules under FSDP2 and expert parallelism (DTensor weights), on a one-rank gloo group on the CPU."""
 
+import copy
 import socket
 
 import pytest
@@ -92,3 +93,34 @@ def test_tensor_parallel_weights_are_refused(one_rank):
     lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach().full_tensor(), mesh, [Replicate()]))
     lin.bias = nn.Parameter(lin.bias.detach())
     assert lin(torch.randn(4, 64)).shape == (4, 32)
+
+
+def test_fsdp2_weight_cache_hits_across_micro_batches_and_matches(one_rank):
+    """Under FSDP2 the module sees the unsharded parameter, which FSDP2 refills on every all-gather (version
+    counter preserved): the cache hits on the step's later micro-batches and the optimizer-step invalidation is
+    what brings the new values in. Outputs and gradients equal the uncached module's."""
+    from titan_fp4six.modules import invalidate_weight_caches
+
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32, bias=False)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+    models = []
+    for cache in (False, True):
+        outer = nn.Sequential(FourOverSixLinear.from_linear(copy.deepcopy(lin), RECIPE, cache_weights=cache))
+        fully_shard(outer[0], mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        fully_shard(outer, mesh=mesh)
+        models.append((outer, torch.optim.AdamW(outer.parameters(), lr=1e-2)))
+    for step in range(3):
+        xs = [torch.randn(16, 64) for _ in range(2)]
+        outs = []
+        for model, opt in models:
+            outs.append([])
+            for x in xs:
+                y = model(x)
+                y.float().square().mean().backward()
+                outs[-1].append(y.detach())
+            opt.step()
+            opt.zero_grad()
+            invalidate_weight_caches(model)
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert models[1][0][0].weight_cache.quantizations == 3  # once per step
