@@ -83,3 +83,28 @@ def test_eager_runs_op_bodies_compile_records_custom_ops():
     _step(compiled, module, x, offs, torch.ones(48, 32, dtype=torch.bfloat16))
     assert {f"titan_fp4six.{op}.default" for op in ("dense_fwd", "dense_bwd", "grouped_fwd", "grouped_bwd")} <= set(
         seen), seen
+
+
+def test_compiled_with_quantized_weights_equals_eager_bitwise():
+    """The quantized_weight path (weights quantized ahead: its own custom ops) compiles to the eager bytes."""
+    from titan_fp4six.ops import quantize_grouped_weight, quantize_linear_weight
+
+    torch._dynamo.reset()
+    module = _Block()
+    qw = (quantize_linear_weight(module.w, recipe=module.dense),
+          quantize_grouped_weight(module.experts.transpose(-2, -1), recipe=module.grouped))
+
+    def forward(x, offs):
+        h = four_over_six_linear(x, module.w, recipe=module.dense, quantized_weight=qw[0])
+        return four_over_six_grouped_mm(h.view(-1, 64), module.experts.transpose(-2, -1), offs,
+                                        recipe=module.grouped, quantized_weight=qw[1])
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 24, 32, generator=g).to(torch.bfloat16)
+    offs = torch.tensor([5, 5, 30, 40], dtype=torch.int32)
+    dy = torch.randn(48, 32, generator=g).to(torch.bfloat16)
+    reference = _step(module, module, x, offs, dy)
+    eager = _step(forward, module, x, offs, dy)
+    compiled = _step(torch.compile(forward, fullgraph=True), module, x, offs, dy)
+    for r, e, c in zip(reference, eager, compiled):
+        assert torch.equal(r, e) and torch.equal(e, c)
