@@ -9,7 +9,7 @@ offs[-1] are not tokens: no amax reads them, their output rows are zeros and the
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_expert_amax, run_token_groups
+from ..dispatch.amax import run_token_groups
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import RowGroups
 from .checks import check_expert_weights, check_grouped, check_offs_values
@@ -17,7 +17,7 @@ from .custom import compile_opaque_op
 from .gemm import decode_on, grouped_gemm_nt
 from .operands import Operand, quantize_46
 from .recipe import FourOverSixRecipe, recipe_from_key
-from .weights import QuantizedWeight, quantize_rows
+from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
 
 _F8 = torch.float8_e4m3fn
 
@@ -51,9 +51,7 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
     group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
     r = recipe_from_key(recipe)
     decode = decode_on(A.device, r.gemm)
-    w = _expert_rows(B_t)
-    w_amax = run_expert_amax(w, B_t.shape[0], r.quantizer)
-    wq = quantize_46(w, w_amax, r.weight_block, r, decode, weight=True)
+    wq, w_amax = quantize_weight_rows(_expert_rows(B_t), B_t.shape[0], r, decode)
     out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, r, decode)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 

@@ -31,9 +31,6 @@ class QuantizedWeight:
     amax: Tensor
     source: tuple
 
-    def operand(self) -> Operand:
-        return Operand(self.codes, self.scales, self.decoded)
-
     def check(self, weight: Tensor, recipe: FourOverSixRecipe, name: str) -> None:
         """Raise unless this was made from a weight like `weight` with `recipe` (resolved as the op resolves it)."""
         want = _source(weight, recipe)
@@ -51,13 +48,19 @@ def _describe(source: tuple) -> str:
     return f"a {dtype} weight of shape {shape} on {device} (recipe {key})"
 
 
+def quantize_weight_rows(w: Tensor, experts: int, r: FourOverSixRecipe, decode: bool) -> tuple[Operand, Tensor]:
+    """(operand, amax) of weight rows w (R, K): one amax over w (experts=0) or one per run of R/experts rows (an
+    expert's), the weight block and candidate choice of the recipe (what the grouped forward quantizes; the dense
+    forward takes its weight's amax in one launch with x's)."""
+    amax = run_expert_amax(w, experts, r.quantizer) if experts else run_tensor_amax(w, r.quantizer)
+    return quantize_46(w, amax, r.weight_block, r, decode, weight=True), amax
+
+
 @compile_opaque_op("quantize_weight")
 def quantize_weight_op(w: Tensor, experts: int, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(codes, scales, decode or an empty tensor, amax) of weight rows w (R, K): one amax over w (experts=0) or
-    one per run of R/experts rows (an expert's), quantized as the forward ops quantize their weight."""
+    """(codes, scales, decode or an empty tensor, amax) of quantize_weight_rows."""
     r = recipe_from_key(recipe)
-    amax = run_expert_amax(w, experts, r.quantizer) if experts else run_tensor_amax(w, r.quantizer)
-    q = quantize_46(w, amax, r.weight_block, r, decode_on(w.device, r.gemm), weight=True)
+    q, amax = quantize_weight_rows(w, experts, r, decode_on(w.device, r.gemm))
     return q.codes, q.scales, (w.new_empty(0, dtype=torch.bfloat16) if q.decoded is None else q.decoded), amax
 
 
