@@ -5,7 +5,9 @@
 calls `invalidate()` after every optimizer step (a fused AdamW does not bump the parameters' version
 counters); entries are also keyed on those counters, so in-place edits elsewhere re-quantize too. The
 quantization is the ops' own (the numerics API with the same per-expert amax and weight block), so the
-cached operands are byte-identical to what the training forward quantizes.
+cached operands are byte-identical to what the training forward quantizes. It is not the modules' training
+WeightCache (`cache_weights`): rollouts need the bf16 decode on every device (also where training runs real FP4
+GEMMs) and must not add their quantizations to the training's map-to-4 statistics.
 
 `cached_experts(model, cache)` points every converted experts module's forward at the cache for the duration
 of a rollout (torchtitan's MoE routing is unchanged); the consistent mode's MoE (`consistent_moe`) reads the
