@@ -3,8 +3,11 @@
 Why: the recipes must train with no download, so the package ships a small English corpus and a byte-level
 BPE tokenizer trained on it. The text is prose taken from the CPython standard library (module, class and
 function docstrings) and the Python language reference topics in ``pydoc_data.topics``, both under the PSF
-License. Output is deterministic for a given CPython version; the shipped files were built with the version
-named in embedded/PROVENANCE.md. Run: ``python scripts/build_embedded_data.py``.
+License. A second, larger corpus (``code.jsonl.gz``: the standard library's Python source files whole, about 4.4M
+tokens) serves the training-quality study (docs/fidelity.md), whose runs must stay within one epoch: the prose
+corpus (377k tokens) repeats every ~90 steps of 8 x 512 tokens, and memorizing it makes runs of different
+seeds drift apart. Output is deterministic for a given CPython version; the shipped files were built with the
+version named in embedded/PROVENANCE.md. Run: ``python scripts/build_embedded_data.py``.
 """
 
 import argparse
@@ -55,6 +58,26 @@ def stdlib_documents() -> list[str]:
     return docs
 
 
+def code_documents() -> list[str]:
+    """The standard library's Python source files, whole, in a fixed shuffled order (same skipped folders)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        if SKIP_DIRS & set(path.relative_to(root).parts):
+            continue
+        try:
+            docs.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            continue
+    random.Random(0).shuffle(docs)
+    return docs
+
+
+def _write_jsonl(path: Path, docs: list[str]) -> None:
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+
+
 def reference_documents() -> list[str]:
     """The Python language reference topics that ``help()`` shows, one document each."""
     from pydoc_data.topics import topics
@@ -81,16 +104,17 @@ def main() -> None:
     val = docs[::50]
     train = [d for i, d in enumerate(docs) if i % 50]
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, split in (("train", train), ("validation", val)):
-        with gzip.GzipFile(args.out / f"{name}.jsonl.gz", "wb", mtime=0) as f:
-            f.write("".join(json.dumps({"text": d}) + "\n" for d in split).encode())
+    code = code_documents()
+    for name, split in (("train", train), ("validation", val), ("code", code)):
+        _write_jsonl(args.out / f"{name}.jsonl.gz", split)
     tok = train_tokenizer(train)
     tok.save(str(args.out / "tokenizer.json"))
     config = {"bos_token": BOS, "eos_token": EOS, "add_bos_token": True, "add_eos_token": True,
               "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}
     (args.out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     print(f"python {sys.version.split()[0]}: {len(train)} train / {len(val)} validation documents, "
-          f"{sum(map(len, train))} / {sum(map(len, val))} characters, vocab {tok.get_vocab_size()}")
+          f"{sum(map(len, train))} / {sum(map(len, val))} characters, vocab {tok.get_vocab_size()}; "
+          f"code: {len(code)} files, {sum(map(len, code))} characters")
 
 
 if __name__ == "__main__":

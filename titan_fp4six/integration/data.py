@@ -2,7 +2,8 @@
 
 Why: every recipe must train out of the box, with no download and no path outside the package. ``register()``
 (called by the plugin's config module and launcher) adds the corpus to torchtitan's dataset registry under
-``DATASET`` (and ``VALIDATION_DATASET`` for the held-out split); the tokenizer directory ``EMBEDDED_DIR`` is what the recipes pass as
+``DATASET`` (``VALIDATION_DATASET`` for the held-out split, ``CODE_DATASET`` for the larger corpus of Python
+source that the training-quality study trains on within one epoch); the tokenizer directory ``EMBEDDED_DIR`` is what the recipes pass as
 ``[model] hf_assets_path``. Provenance and license: ``embedded/PROVENANCE.md``; rebuild with
 ``scripts/build_embedded_data.py``.
 """
@@ -18,6 +19,7 @@ from torchtitan.hf_datasets.text_datasets import DATASETS
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 DATASET = "titan_fp4six_text"
 VALIDATION_DATASET = "titan_fp4six_text_validation"
+CODE_DATASET = "titan_fp4six_code"
 
 
 def load_documents(path: str | Path, split: str) -> Dataset:
@@ -36,6 +38,6 @@ def _text(sample: dict) -> str:
 
 def register() -> None:
     """Add the embedded splits to torchtitan's registry (idempotent)."""
-    for name, split in ((DATASET, "train"), (VALIDATION_DATASET, "validation")):
+    for name, split in ((DATASET, "train"), (VALIDATION_DATASET, "validation"), (CODE_DATASET, "code")):
         DATASETS[name] = DatasetConfig(path=str(EMBEDDED_DIR), loader=lambda path, split=split: load_documents(path, split),
                                        sample_processor=_text)

@@ -1,0 +1,106 @@
+"""``python -m titan_fp4six.compare --job.config_file RECIPE --seeds 5 --steps N [options] [trainer overrides]``
+
+Trains the 4/6 recipe, its bf16 twin, its plain-NVFP4 twin and any ``--variant`` for every seed with
+deterministic settings, then writes compare.md, compare.json and compare.png to --out. Arguments this parser
+does not know go to every run's trainer command line (e.g. ``--training.seq_len 512``). Re-running the same
+command trains only the runs that have not finished; ``--report-only`` rebuilds the outputs from the logs.
+"""
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from .report import markdown, plot, read_outcome, summarize, to_json
+from .runs import Job, Scheduler, command, device_memory_gib
+from .variants import derive, dumps, load_recipe
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m titan_fp4six.compare", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job.config_file", dest="config", required=True, help="the 4/6 recipe (TOML)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per variant (>= 2; default 5)")
+    p.add_argument("--seed-start", type=int, default=0, help="first seed (seeds are consecutive)")
+    p.add_argument("--steps", type=int, help="training steps of every run (default: the recipe's)")
+    p.add_argument("--tail", type=int, help="final loss = mean of the last TAIL steps (default: steps // 5)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="extra variant 'NAME=BASE [knob=value ...] [--section.key value ...]', BASE one of "
+                        "bf16, nvfp4, 4/6 or an earlier --variant (e.g. 'nvfp4 B256=nvfp4 scale_bound=256')")
+    p.add_argument("--only", help="comma-separated variant names to run (must include bf16)")
+    p.add_argument("--out", type=Path, help="output folder (default outputs/compare/<recipe name>)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="most runs at once on a GPU (default: the CPU count; memory permitting); CPU: 1")
+    p.add_argument("--timeout", type=float, default=7200, help="seconds before a run is stopped (reported failed)")
+    p.add_argument("--spike-factor", type=float, default=5.0,
+                   help="a grad-norm spike is a step above FACTOR x the median of the 50 steps before it")
+    p.add_argument("--report-only", action="store_true", help="read the logs in --out, train nothing")
+    p.add_argument("--no-plot", action="store_true", help="skip compare.png (no matplotlib needed)")
+    args, trainer = p.parse_known_args(argv)
+    recipe = load_recipe(args.config)
+    args.steps = args.steps or recipe.get("training", {}).get("steps")
+    if not args.steps or args.steps < 1:
+        p.error(f"--steps: give a positive number of steps (the recipe's training.steps is {args.steps})")
+    args.tail = args.tail or max(1, args.steps // 5)
+    if not 1 <= args.tail <= args.steps:
+        p.error(f"--tail {args.tail}: must be between 1 and --steps ({args.steps})")
+    if args.seeds < 2:
+        p.error(f"--seeds {args.seeds}: intervals over seeds need at least 2 (5 or more for useful ones)")
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: must be >= 1")
+    if any(a in ("--training.steps", "--debug.seed") for a in trainer):
+        p.error("--training.steps / --debug.seed are set by compare: use --steps and --seeds/--seed-start")
+    args.recipe = recipe
+    args.out = args.out or Path("outputs/compare") / Path(args.config).stem
+    return args, trainer
+
+
+def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
+    variants = derive(args.recipe, args.variant, args.only.split(",") if args.only else None)
+    configs = {}
+    for v in variants:
+        configs[v.name] = args.out / "variants" / f"{v.slug}.toml"
+        if not args.report_only:
+            configs[v.name].parent.mkdir(parents=True, exist_ok=True)
+            configs[v.name].write_text(f"# compare variant {v.name!r} of {args.config}\n" + dumps(v.recipe))
+    jobs = []  # seed-major: a comparison stopped early leaves whole seeds, which pair
+    for seed in range(args.seed_start, args.seed_start + args.seeds):
+        for v in variants:
+            name = f"{v.slug}_seed{seed}"
+            cmd = command(configs[v.name], seed, args.steps, args.out / "dump" / name, trainer, v.overrides)
+            jobs.append(Job(v.name, seed, cmd, args.out / "runs" / f"{name}.log"))
+    return variants, jobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the scheduler stops its runs (timeout, kill)
+    args, trainer = parse_args(sys.argv[1:] if argv is None else argv)
+    variants, jobs = plan(args, trainer)
+    if not args.report_only:
+        device = device_memory_gib()
+        where = f"one GPU ({device:.0f} GiB), up to {args.jobs} at once" if device else "the CPU, one at a time"
+        print(f"[compare] {len(jobs)} runs ({len(variants)} variants x {args.seeds} seeds, {args.steps} steps) "
+              f"on {where}; logs in {args.out / 'runs'}", flush=True)
+        Scheduler(args.jobs, device, args.timeout).run(jobs)
+    outcomes = [read_outcome(j, args.steps, args.tail, args.spike_factor) for j in jobs]
+    names = [v.name for v in variants]
+    summaries = summarize(outcomes, names)
+    setup = (f"`python -m titan_fp4six.compare {shlex.join(sys.argv[1:] if argv is None else argv)}`: "
+             f"{args.seeds} seeds from {args.seed_start}, {args.steps} steps, final loss = mean of the last "
+             f"{args.tail} steps; intervals are 95% Student t over seeds, gaps paired by seed.")
+    text = markdown(summaries, outcomes, setup)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compare.md").write_text(text)
+    meta = {"recipe": str(args.config), "seeds": args.seeds, "seed_start": args.seed_start, "steps": args.steps,
+            "tail": args.tail, "trainer_overrides": trainer, "variants": {v.name: v.overrides for v in variants}}
+    (args.out / "compare.json").write_text(to_json(summaries, outcomes, meta))
+    if not args.no_plot:
+        plot(outcomes, names, args.steps, args.out / "compare.png", Path(args.config).stem)
+    print(text, flush=True)
+    return 1 if any(o.status in ("failed", "not run") for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
