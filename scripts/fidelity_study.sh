@@ -24,8 +24,9 @@ VARIANTS=()
 if [ "${BOUNDS:-0}" = 1 ]; then
   VARIANTS=(--variant "nvfp4 B256=nvfp4 scale_bound=256" --variant "4/6 B448=4/6 scale_bound=448")
 fi
+JOBS=$(( $(getconf _NPROCESSORS_ONLN) / $# ))  # before OMP_NUM_THREADS: nproc would count that instead
+[ "$JOBS" -ge 1 ] || JOBS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per run: more threads only contend on the host
-JOBS=$(( $(nproc) / $# )); [ "$JOBS" -ge 1 ] || JOBS=1
 for slice in "$@"; do
   [ -n "${RECIPE[$slice]:-}" ] || { echo "unknown slice $slice; valid: ${!RECIPE[*]}" >&2; exit 2; }
   timeout "${BUDGET:-7200}" python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" \

@@ -15,9 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"step:\s*(\d+)\s+(.*)$")
-_PAIR = re.compile(r"([A-Za-z_][\w/()%-]*):\s*(-?[0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?|nan|inf)")
+from titan_fp4six.compare.runs import parse_steps  # noqa: F401  (the scripts' step-line reader too)
 
 
 @dataclass
@@ -52,20 +50,6 @@ def runs_parser(argv: list[str], description: str) -> tuple[argparse.ArgumentPar
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
     return p, own, common
-
-
-def parse_steps(text: str) -> list[dict[str, float]]:
-    """Every torchtitan step line of a log as {"step": n, "loss": ..., "tps": ..., "memory": GiB, ...}."""
-    rows = []
-    for line in _ANSI.sub("", text).splitlines():
-        m = _STEP.search(line)
-        if not m or "loss:" not in m.group(2):
-            continue
-        row = {"step": int(m.group(1))}
-        for key, value in _PAIR.findall(m.group(2)):
-            row[key] = float(value.replace(",", ""))
-        rows.append(row)
-    return rows
 
 
 def command(run: Run, common: list[str]) -> list[str]:

@@ -4,7 +4,8 @@ Why derived, not listed: twins written by hand drift from their recipe (a change
 From the 4/6 recipe: bf16 drops the four-over-six converters and their sections; plain NVFP4 sets
 ``scope = "none"`` and ``scale_bound = 448`` in every four-over-six section (docs/numerics.md). An extra
 variant is ``NAME=BASE [knob=value ...] [--section.key value ...]``: the knobs go into every four-over-six
-section of BASE's recipe, the ``--`` overrides to its trainer command line.
+section of BASE's recipe, the ``--`` overrides to its trainer command line (shell quoting: a BASE with a space
+is written ``'nvfp4 B256'``).
 """
 
 import copy
@@ -67,7 +68,9 @@ def with_knobs(recipe: dict, knobs: dict, name: str) -> dict:
 
 def bf16_twin(recipe: dict) -> dict:
     out = copy.deepcopy(recipe)
-    out["model"]["converters"] = [c for c in out["model"].get("converters", []) if c not in CONVERTERS]
+    kept = [c for c in out["model"].pop("converters", []) if c not in CONVERTERS]
+    if kept:
+        out["model"]["converters"] = kept
     quantize = out.get("quantize", {})
     for kind in SECTIONS:
         quantize.get(kind, {}).pop("four_over_six", None)
