@@ -8,6 +8,7 @@ builds and validates its recipe when the config loads, so a bad knob fails befor
 its TOML key named. No `from __future__ import annotations` here: the merge compares real dataclass types.
 """
 
+import json
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 
 from ..modules.experts import GROUP_ALIGN, check_pad_multiple
@@ -49,6 +50,12 @@ class _SectionBase:
         for key in ("allow_empty", "cache_weights"):
             if type(getattr(self, key)) is not bool:
                 raise ValueError(f"{self.SECTION}.{key}={getattr(self, key)!r}; it must be true or false")
+        for key in ("filter_fqns", "fqns"):  # a TOML string would be matched character by character
+            value = getattr(self, key, [])
+            if type(value) is not list or any(type(v) is not str for v in value):
+                example = [value] if type(value) is str else ["experts"]
+                raise ValueError(f"{self.SECTION}.{key}={value!r}; it must be a list of strings (module names), "
+                                 f"e.g. {key} = {json.dumps(example)}")
 
     def recipe(self) -> FourOverSixRecipe:
         """The section's recipe, resolved for its GEMM kind; an invalid knob is reported with its TOML key."""
