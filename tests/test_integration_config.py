@@ -140,6 +140,13 @@ def test_config_errors_name_the_toml_keys(args, converters, match):
         _build(job)
 
 
+@pytest.mark.parametrize("env, value", [("TITAN_FP4SIX_QUANTIZER", "bogus"), ("TITAN_FP4SIX_EMULATE", "true")])
+def test_bad_environment_overrides_fail_when_the_converters_are_built(monkeypatch, env, value):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=rf"{env}='{value}' is not supported; valid values"):
+        _build(job_config(converters=GMM))
+
+
 @pytest.mark.parametrize("args, match", [
     (["--quantize.linear.four_over_six.backward", "quantized", "--quantize.linear.four_over_six.activation_scaling",
       "row"], rf"\[{LIN}\] {LIN}.backward='quantized' is not defined with {LIN}.activation_scaling='row'"),

@@ -94,6 +94,16 @@ def test_launchers_start_torchtitan_with_expandable_segments(module, user, expec
     assert expected in done.stdout.splitlines(), done.stdout[-2000:] + done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module", ["titan_fp4six.train", "titan_fp4six.rl"])
+@pytest.mark.parametrize("env, value", [("TITAN_FP4SIX_QUANTIZER", "bogus"), ("TITAN_FP4SIX_EMULATE", "yes")])
+def test_launchers_refuse_bad_environment_overrides_before_torchtitan_starts(module, env, value):
+    """Not at the first rollout or forward: torchtitan's main (stubbed to print) is never reached."""
+    done = subprocess.run([sys.executable, "-c", _PRINT_ALLOC_ENV, module], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, **{env: value}), cwd=REPO)
+    assert done.returncode != 0 and "ALLOC" not in done.stdout
+    assert f"ValueError: {env}='{value}' is not supported; valid values" in done.stderr, done.stderr[-2000:]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_setting_gives_expandable_segments_on_cuda():
     code = ("from titan_fp4six.integration.allocator import expandable_segments_by_default as f; f(); import torch; "

@@ -46,10 +46,13 @@ def check_world_size(parallelism, world_size: int) -> None:
 def prepare_process() -> None:
     """What both launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
     twins alike (so their ratios share the settings): the allocator's expandable segments (before any CUDA
-    allocation), the CPU patches without a GPU, the rendezvous of one rank, and backward on this thread."""
+    allocation), the CPU patches without a GPU, the rendezvous of one rank, and backward on this thread; bad
+    environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+    from titan_fp4six.ops.gemm import check_environment
 
+    check_environment()
     expandable_segments_by_default()
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
