@@ -46,7 +46,8 @@ def check_world_size(parallelism, world_size: int) -> None:
 def prepare_process() -> None:
     """What both launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
     twins alike (so their ratios share the settings): the allocator's expandable segments (before any CUDA
-    allocation), the CPU patches without a GPU, the rendezvous of one rank, and backward on this thread; bad
+    allocation), the CPU patches without a GPU, the rendezvous of one rank, backward on this thread, and the
+    embedded corpus and the plugin's flavors (also for recipes without the plugin's config module); bad
     environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
@@ -60,24 +61,31 @@ def prepare_process() -> None:
         cpu.apply()
     _single_process_env()
     run_backward_on_calling_thread()
+    from titan_fp4six.integration import data, flavors  # after the CPU patches: torchtitan's models load here
+
+    data.register()
+    flavors.register()
+
+
+def check_before_training(job_config) -> None:
+    """Both launchers' checks of the parsed config, before torchtitan's Trainer builds anything."""
+    from titan_fp4six.integration.checks import check_job_config
+
+    check_job_config(job_config)
+    check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
 
 
 def main() -> None:
     prepare_process()
-    from titan_fp4six.integration import data
-
-    data.register()  # the embedded corpus, also for recipes without the plugin's config module
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
-    from titan_fp4six.integration.converters import check_converter_names
-
     class CheckedTrainer(Trainer):
-        """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError)."""
+        """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError) or
+        silent."""
 
         def __init__(self, job_config):
-            check_converter_names(job_config)
-            check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
+            check_before_training(job_config)
             super().__init__(job_config)
 
     torchtitan_main(CheckedTrainer)

@@ -2,7 +2,8 @@
 
 torchtitan imports this module and merges its top-level `JobConfig` dataclass into its own, adding
 `[quantize.linear.four_over_six]` and `[quantize.grouped_mm.four_over_six]`. That import is the plugin's one
-hook into `torchtitan.train`, so it also registers the converters and the embedded dataset (`register()`).
+hook into `torchtitan.train`, so it also registers the converters, the embedded dataset and the plugin's model
+flavors (`register()`).
 The recipe knobs of both sections are derived from FourOverSixRecipe's fields (their one home); each section
 builds and validates its recipe when the config loads, so a bad knob fails before any model is built, with
 its TOML key named. No `from __future__ import annotations` here: the merge compares real dataclass types.
@@ -13,7 +14,7 @@ from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 
 from ..modules.experts import GROUP_ALIGN, check_pad_multiple
 from ..ops.recipe import KNOBS, FourOverSixRecipe
-from . import converters, data
+from . import converters, data, flavors
 
 LINEAR_SECTION = "quantize.linear.four_over_six"
 GROUPED_SECTION = "quantize.grouped_mm.four_over_six"
@@ -117,9 +118,10 @@ class JobConfig:
 
 
 def register() -> None:
-    """Register the converters and the embedded dataset with torchtitan (idempotent)."""
+    """Register the converters, the embedded dataset and the plugin's flavors with torchtitan (idempotent)."""
     converters.register()
     data.register()
+    flavors.register()
 
 
 register()

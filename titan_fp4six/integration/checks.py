@@ -1,0 +1,15 @@
+"""The whole-config checks the launchers (and the dry run) make before torchtitan builds anything.
+
+Why here: torchtitan reports these late or barely (a KeyError for a flavor or converter name, a silent bf16 run
+for a section without its converter), and they need more than one section, which no section can check when the
+config loads.
+"""
+
+from .converters import check_converter_names, check_sections_have_converters
+from .flavors import check_flavor
+
+
+def check_job_config(job_config) -> None:
+    check_converter_names(job_config)
+    check_sections_have_converters(job_config)
+    check_flavor(job_config)
