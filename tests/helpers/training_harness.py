@@ -21,14 +21,19 @@ CPU_ARGS = ["--model.flavor", TINY, "--training.mixed_precision_param", "float32
             "--metrics.disable_color_printing"]
 
 
-def train(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> dict[int, float]:
-    """Train recipe `config` (a path under configs/) on the tiny flavor; returns {step: loss}."""
-    out = dump_folder / "losses.json"
+def launch(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run recipe `config` (a path under configs/) on the tiny flavor; its losses go to dump_folder/losses.json."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "tests.helpers.training_harness", str(out), "--job.config_file", str(REPO / "configs" / config),
-           "--job.dump_folder", str(dump_folder), *CPU_ARGS, *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "tests.helpers.training_harness", str(dump_folder / "losses.json"),
+           "--job.config_file", str(REPO / "configs" / config), "--job.dump_folder", str(dump_folder), *CPU_ARGS, *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> dict[int, float]:
+    """Train recipe `config` on the tiny flavor; returns {step: loss}."""
+    out = dump_folder / "losses.json"
+    proc = launch(config, dump_folder, *args, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return {int(k): v for k, v in json.loads(out.read_text()).items()}

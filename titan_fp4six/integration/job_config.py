@@ -113,8 +113,18 @@ class Quantize:
 
 
 @dataclass
+class Training:
+    """Merged into torchtitan's [training] section."""
+
+    allow_nonfinite: bool = False
+    """`python -m titan_fp4six.train` and `titan_fp4six.rl` stop with an error naming the step whose loss or grad
+    norm is NaN or Inf, before its checkpoint is saved; true lets the run go on (experiments)."""
+
+
+@dataclass
 class JobConfig:
     quantize: Quantize = field(default_factory=Quantize)
+    training: Training = field(default_factory=Training)
 
 
 def register() -> None:
