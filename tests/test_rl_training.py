@@ -84,6 +84,20 @@ def test_the_rl_launcher_refuses_them_before_building_the_model(tmp_path):
     assert "Building" not in proc.stderr + proc.stdout  # torchtitan's model build never started
 
 
+def test_the_readmes_cpu_command_runs_two_steps(tmp_path):
+    """The README's CPU RL command as written (its dump folder moved to tmp_path), on the package's tiny flavor."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("python -m titan_fp4six.rl --job.config_file", text.index("on the package's `tiny` flavor")):]
+    args = block[:block.index("```")].replace("\\\n", " ").split()[3:]
+    assert "--model.flavor" in args and "tiny" in args
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "titan_fp4six.rl", *args, "--job.dump_folder", str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
 def test_recipes_parse_and_differ_only_in_the_converter():
     from torchtitan.config.manager import ConfigManager
 
