@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchtitan.config.manager import ConfigManager
 
 from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
 from titan_fp4six.integration.allocator import ALLOC_ENVS, expandable_segments_by_default
-from titan_fp4six.integration.checks import check_job_config
+from titan_fp4six.integration.checks import check_finite, check_job_config, nonfinite_allowed
 from titan_fp4six.integration.converters import check_converter_names
 from titan_fp4six.train import check_world_size
 
@@ -29,8 +30,6 @@ def test_converter_typo_names_the_registered_converters():
 
 def test_the_plugins_converter_without_its_config_module_says_to_set_it():
     """Not "which no converter is registered as", naming the right converter as invalid."""
-    from torchtitan.config.manager import ConfigManager
-
     job = ConfigManager().parse_args(["--model.converters", "quantize.grouped_mm.four_over_six"])
     with pytest.raises(ValueError, match=r"model.converters lists quantize.grouped_mm.four_over_six but its config "
                                          rf'section is missing: set \[job\] custom_config_module = "{CONFIG_MODULE}"'):
@@ -51,8 +50,6 @@ def _recipe(tmp_path, text: str) -> str:
 ])
 def test_a_configured_section_without_its_converter_is_an_error(tmp_path, text, args):
     """It trained plain bf16 without a word."""
-    from torchtitan.config.manager import ConfigManager
-
     job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, text), *args])
     with pytest.raises(ValueError, match=r"\[quantize\.(linear|grouped_mm)\.four_over_six\] is configured but "
                                          r"model.converters=.* does not list .*a plain bf16 run.*add it"):
@@ -62,9 +59,22 @@ def test_a_configured_section_without_its_converter_is_an_error(tmp_path, text, 
 @pytest.mark.parametrize("recipe", ["configs/deepseek_v3_debugmodel_bf16.toml", REPO_CONFIG,
                                     "configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml"])
 def test_the_shipped_recipes_pass_the_start_up_checks(recipe):
-    from torchtitan.config.manager import ConfigManager
-
     check_job_config(ConfigManager().parse_args(["--job.config_file", str(REPO / recipe)]))
+
+
+def test_non_finite_steps_stop_unless_allowed(tmp_path):
+    """What both launchers call after each step (the RL trainer with its floats, the LM trainer with tensors)."""
+    check_finite(3, torch.tensor(2.5), torch.tensor(0.7), allow=False)
+    with pytest.raises(FloatingPointError, match=r"step 7: non-finite grad norm \(inf\); stopped before this "
+                                                 r"step's checkpoint.*training.allow_nonfinite = true"):
+        check_finite(7, 2.5, float("inf"), allow=False)
+    with pytest.raises(FloatingPointError, match=r"step 2: non-finite loss \(nan\) and grad norm \(nan\)"):
+        check_finite(2, torch.tensor(float("nan")), torch.tensor(float("nan")), allow=False)
+    check_finite(2, float("nan"), float("nan"), allow=True)
+    assert not nonfinite_allowed(job_config()) and nonfinite_allowed(job_config("--training.allow_nonfinite"))
+    job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, "[training]\nallow_nonfinite = 1\n")])
+    with pytest.raises(ValueError, match=r"training.allow_nonfinite=1; it must be true or false"):
+        nonfinite_allowed(job)
 
 
 def test_an_unknown_flavor_names_the_valid_ones():

@@ -19,14 +19,13 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from ..integration.checks import check_finite, nonfinite_allowed
+from ..train import check_before_training
 from . import grpo
 from .experts import ExpertWeightCache, cached_experts
 from .forward import forward, kernels
 from .generator import Rollout, generate, tempered
-from ..integration.checks import check_finite, nonfinite_allowed
-from ..train import check_before_training
 from .task import CopyTask, Vocabulary
-
 
 SUPPORTED_MODELS = ("qwen3",)
 """Model families whose modules rl/forward.py reads (Qwen3's attention: wq/wk/wv/wo, q_norm/k_norm, n_kv_heads)."""
