@@ -63,13 +63,13 @@ def test_the_shipped_recipes_pass_the_start_up_checks(recipe):
 
 
 def test_non_finite_steps_stop_unless_allowed(tmp_path):
-    """What both launchers call after each step (the RL trainer with its floats, the LM trainer with tensors)."""
-    check_finite(3, torch.tensor(2.5), torch.tensor(0.7), allow=False)
+    """What both launchers call after each step."""
+    check_finite(3, 2.5, 0.7, allow=False)
     with pytest.raises(FloatingPointError, match=r"step 7: non-finite grad norm \(inf\); stopped before this "
                                                  r"step's checkpoint.*training.allow_nonfinite = true"):
         check_finite(7, 2.5, float("inf"), allow=False)
     with pytest.raises(FloatingPointError, match=r"step 2: non-finite loss \(nan\) and grad norm \(nan\)"):
-        check_finite(2, torch.tensor(float("nan")), torch.tensor(float("nan")), allow=False)
+        check_finite(2, float("nan"), float("nan"), allow=False)
     check_finite(2, float("nan"), float("nan"), allow=True)
     assert not nonfinite_allowed(job_config()) and nonfinite_allowed(job_config("--training.allow_nonfinite"))
     job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, "[training]\nallow_nonfinite = 1\n")])

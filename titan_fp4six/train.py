@@ -121,7 +121,9 @@ def main() -> None:
             self.grad_norms.clear()
             with _recording(dist_utils, "clip_grad_norm_", self.grad_norms):
                 super().train_step(data_iterator)
-            check_finite(self.step, sum(self.step_losses), self.grad_norms[-1], nonfinite_allowed(self.job_config))
+            loss, grad_norm = torch.stack([torch.stack(self.step_losses).sum().float(),
+                                           self.grad_norms[-1].float()]).tolist()  # one host sync a step
+            check_finite(self.step, loss, grad_norm, nonfinite_allowed(self.job_config))
 
     torchtitan_main(CheckedTrainer)
 

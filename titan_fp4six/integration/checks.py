@@ -26,11 +26,10 @@ def nonfinite_allowed(job_config) -> bool:
     return allow
 
 
-def check_finite(step: int, loss, grad_norm, allow: bool) -> None:
-    """Stop at the first step whose loss or grad norm is NaN or Inf (one host read of each, a step), before the
-    step's checkpoint: torchtitan would train on, save the diverged weights and exit 0."""
-    bad = {name: float(value) for name, value in (("loss", loss), ("grad norm", grad_norm))
-           if not math.isfinite(float(value))}
+def check_finite(step: int, loss: float, grad_norm: float, allow: bool) -> None:
+    """Stop at the first step whose loss or grad norm is NaN or Inf, before the step's checkpoint: torchtitan
+    would train on, save the diverged weights and exit 0."""
+    bad = {name: value for name, value in (("loss", loss), ("grad norm", grad_norm)) if not math.isfinite(value)}
     if bad and not allow:
         raise FloatingPointError(
             f"step {step}: non-finite {' and '.join(f'{k} ({v})' for k, v in bad.items())}; stopped before this "
