@@ -8,7 +8,7 @@
 One-symbol copy task (`<bos> s =` -> `s`) from the embedded tokenizer, the model's own forward
 (titan_fp4six.rl.forward, fast kernels) on the prompt only, no generator or trainer: what it isolates is the
 learning signal. Prints the mean reward and the greedy copy accuracy (chance: 1 / len(alphabet)) every 5 steps.
-`--flavor tiny` is the 2-layer test flavor of tests/helpers/training_harness.py; `debugmodel_moe` the recipe's.
+`--flavor tiny` is the package's 2-layer flavor (titan_fp4six/integration/flavors.py); `debugmodel_moe` the recipe's.
 """
 
 import argparse
@@ -18,7 +18,7 @@ import random
 import torch
 from torchtitan.protocols.train_spec import get_train_spec
 
-import tests.helpers.training_harness  # noqa: F401  (registers the "tiny" flavor)
+from titan_fp4six.integration import flavors  # noqa: F401  (registers the "tiny" flavor)
 from titan_fp4six.integration.cpu import apply as cpu_patches
 from titan_fp4six.rl import grpo
 from titan_fp4six.rl.forward import forward, kernels

@@ -1,6 +1,6 @@
 """FSDP2 + expert parallelism on 2 CPU processes (gloo) through `titan_fp4six.train` vs 1 process, same global batch.
 
-The "tiny" DeepSeek-V3 of training_harness (1 dense + 2 MoE layers, 4 routed experts, both converters) trains
+The package's "tiny" DeepSeek-V3 (1 dense + 2 MoE layers, 4 routed experts, both converters) trains
 4 steps from one seed checkpoint with FP32 parameters (so 1 process, which torchtitan runs under AMP, and FSDP2,
 which casts parameters, quantize the same FP32 values). The 2-process run shards every parameter with FSDP2 (data_parallel_shard_degree=2) and the
 routed experts with expert parallelism (expert_parallel_degree=2, padded all-to-all dispatch).
@@ -42,13 +42,13 @@ def _scaling(mode: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
-    return parity_runs.seed_checkpoint([*ARGS, "--experimental.custom_import", "tests.helpers.parity_models"],
+    return parity_runs.seed_checkpoint([*ARGS, "--experimental.custom_import", parity_runs.PARITY_IMPORT],
                                        tmp_path_factory.mktemp("seed"), env=ENV)
 
 
 def _compare(seed, tmp_path, scaling):
     result = parity_runs.compare([*ARGS, *_scaling(scaling)], FSDP_EP, nproc=2, global_batch=4, steps=STEPS,
-                                 out=tmp_path, custom_import="tests.helpers.parity_models", seed=seed, env=ENV)
+                                 out=tmp_path, seed=seed, env=ENV)
     assert sorted(result.losses_1) == sorted(result.losses_n) == list(range(1, STEPS + 1))
     return result
 

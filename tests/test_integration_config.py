@@ -75,6 +75,30 @@ converters = ["{LIN}"]
         ConfigManager().parse_args(["--job.config_file", str(toml)])
 
 
+@pytest.mark.parametrize("section, line, match", [
+    (LIN, 'filter_fqns = "output"', rf"{LIN}.filter_fqns='output'; it must be a list of strings .*"
+                                     r'filter_fqns = \["output"\]'),
+    (GMM, 'fqns = "experts"', rf"{GMM}.fqns='experts'; it must be a list of strings .*fqns = \[\"experts\"\]"),
+    (LIN, "fqns = [1]", rf"{LIN}.fqns=\[1\]; it must be a list of strings"),
+])
+def test_module_lists_given_as_strings_are_config_errors(tmp_path, section, line, match):
+    """A TOML string where a list belongs would be matched character by character (the all-Linears recipe then
+    converted the LM head): refused when the config loads, with the list it meant."""
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'''
+[job]
+custom_config_module = "{CONFIG_MODULE}"
+[model]
+converters = ["{section}"]
+[{section}]
+{line}
+''')
+    from torchtitan.config.manager import ConfigManager
+
+    with pytest.raises(ValueError, match=match):
+        ConfigManager().parse_args(["--job.config_file", str(toml)])
+
+
 def test_defaults_keep_lm_head_and_router_in_bf16():
     job = job_config()
     assert job.quantize.linear.four_over_six.filter_fqns == ["output", "router.gate"]
@@ -114,6 +138,13 @@ def test_config_errors_name_the_toml_keys(args, converters, match):
     job = job_config(*args, converters=converters)
     with pytest.raises(ValueError, match=match):
         _build(job)
+
+
+@pytest.mark.parametrize("env, value", [("TITAN_FP4SIX_QUANTIZER", "bogus"), ("TITAN_FP4SIX_EMULATE", "true")])
+def test_bad_environment_overrides_fail_when_the_converters_are_built(monkeypatch, env, value):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=rf"{env}='{value}' is not supported; valid values"):
+        _build(job_config(converters=GMM))
 
 
 @pytest.mark.parametrize("args, match", [

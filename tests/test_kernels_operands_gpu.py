@@ -109,7 +109,8 @@ def test_decode_kernels_sweep(kd, dtype):
         codes, scales, amax_rows = decode_case(rows, cols, gen, edge)
         codes, scales, amax_rows = codes.cuda(), scales.cuda(), amax_rows.cuda()
         for bound in (256, 448):
-            for amax in (amax_rows, amax_rows[-1].clone(), torch.tensor(2.5, device="cuda")):
+            for amax in (amax_rows, amax_rows[-1].clone(), torch.tensor(2.5, device="cuda"),
+                         torch.tensor(1e36, device="cuda")):  # the rescaled order (numerics.md, Decoding)
                 bad = compare_decode(kd, codes, scales, amax, bound, dtype)
                 if bad:
                     failures.append(f"{rows}x{cols} edge={edge} B={bound}: {bad}")

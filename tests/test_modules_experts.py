@@ -51,6 +51,8 @@ def test_convert_in_place_keeps_parameters_and_state_dict():
         e.init_weights(0.02)  # the parent's init still applies
     with pytest.raises(TypeError, match="3-D"):
         convert_experts(nn.Linear(4, 4), FourOverSixRecipe())
+    with pytest.raises(TypeError, match="recipe must be a titan_fp4six.FourOverSixRecipe, got dict"):
+        convert_experts(_experts(), {"err_mode": "mse"})
 
 
 def _manual(e, x, counts, recipe):

@@ -36,6 +36,12 @@ def test_from_linear_on_meta_device_and_rejects_subclasses():
         FourOverSixLinear.from_linear(q, FourOverSixRecipe())
 
 
+def test_a_recipe_that_is_not_a_recipe_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"recipe must be a titan_fp4six.FourOverSixRecipe, got str 'mse'; .*"
+                                        r"FourOverSixRecipe\(err_mode='mse'\)"):
+        FourOverSixLinear.from_linear(nn.Linear(64, 32), "mse")
+
+
 @pytest.mark.parametrize("recipe", [FourOverSixRecipe(), FourOverSixRecipe(err_mode="mae", weight_block="1x16"),
                                     FourOverSixRecipe(activation_scaling="row")])
 def test_forward_backward_is_the_op(recipe):

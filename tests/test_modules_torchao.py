@@ -51,6 +51,22 @@ def test_bad_dims_and_bad_knobs_are_clear_errors():
         FourOverSixTrainingConfig(scale_bound=300)
 
 
+def test_a_second_quantize_with_another_config_is_an_error():
+    """The handler leaves converted Linears alone: the same config again is a no-op, another one would be
+    silently ignored (scale_bound stayed 256), so it is refused with both recipes named."""
+    model = Net()
+    quantize_(model, FourOverSixTrainingConfig(), filter_fn=quantizable_linear)
+    first = model.body[0]
+    quantize_(model, FourOverSixTrainingConfig(), filter_fn=quantizable_linear)
+    assert model.body[0] is first
+    with pytest.raises(ValueError, match=r"already a FourOverSixLinear with recipe=.*scale_bound=256.*asks for "
+                                         r"recipe=.*scale_bound=448"):
+        quantize_(model, FourOverSixTrainingConfig(scale_bound=448), filter_fn=quantizable_linear)
+    with pytest.raises(ValueError, match=r"cache_weights=False; the new config asks for .*cache_weights=True"):
+        quantize_(model, FourOverSixTrainingConfig(cache_weights=True), filter_fn=quantizable_linear)
+    assert model.body[0].recipe.scale_bound == 256
+
+
 def test_trains_a_plain_model_and_bf16_state_loads_back():
     torch.manual_seed(0)
     model = Net().to(torch.bfloat16)

@@ -278,6 +278,41 @@ def test_nan_in_a_block_decodes_to_nan_and_stays_local():
     assert nvfp4_dequantize(*four_over_six_quantize(x, t), t, scale_bound=256).isnan().all()
 
 
+@pytest.mark.parametrize("magnitude", [1e36, 3e38, float(torch.finfo(F32).max)])
+@pytest.mark.parametrize("bound", [256, 448])
+def test_huge_finite_data_decodes_finite_and_scales_by_powers_of_two(magnitude, bound):
+    """f32(sf) * amax overflowed for amax >= ~7.6e35 (1952 of 2048 values Inf/NaN): the decode of docs/numerics.md
+    rescales it, so the values are those of amax * 2^-100, times 2^100, exactly."""
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+    x = x / x.abs().max() * magnitude
+    amax = tensor_amax(x)
+    codes, scales = four_over_six_quantize(x, amax, scale_bound=bound)
+    deq = nvfp4_dequantize(codes, scales, amax, scale_bound=bound)
+    assert torch.isfinite(deq).all()
+    small = nvfp4_dequantize(codes, scales, amax * 2.0 ** -100, scale_bound=bound)
+    assert torch.equal(deq, small * 2.0 ** 100)
+    assert (deq - x).abs().max() <= 0.2 * magnitude
+
+
+def test_the_rescaled_decode_keeps_the_plain_orders_bytes_where_it_does_not_overflow():
+    """Every scale byte, at amaxes on both sides of 2^119: where (f32(sf) * amax) * fl(1/(6B)) is finite the
+    decode is exactly it (bitwise), and the rescaled order is used only where it would not be."""
+    scales = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).view(16, 16)
+    codes = torch.full((16, 128), 0x22, dtype=torch.uint8)  # 1.0 in both nibbles: the values are the scales
+    inv = (torch.tensor(1.0) / torch.tensor(6.0 * 256)).item()
+    plain_overflows = 0
+    for amax in (2.0 ** 118 * 1.75, 2.0 ** 119, 1e36, 3e37, 3e38):
+        a = torch.tensor(amax, dtype=F32)
+        deq = nvfp4_dequantize(codes, scales, a, scale_bound=256)
+        plain = ((scales.float() * a) * inv).repeat_interleave(16, 1)
+        finite = torch.isfinite(plain)
+        assert torch.equal(deq[finite], plain[finite])
+        sf_nan = scales.float().isnan().repeat_interleave(16, 1)
+        assert torch.isfinite(deq[~sf_nan]).all()
+        plain_overflows += int((~finite & ~sf_nan).sum())
+    assert plain_overflows > 0
+
+
 @pytest.mark.parametrize("block,scaling", [("1x16", "tensor"), ("16x16", "tensor"), ("1x16", "row")])
 def test_bytes_depend_only_on_the_tile_and_its_amax(block, scaling):
     """Each 16x16 tile quantized on its own (with its rows' amax) gives the whole tensor's bytes there: catches

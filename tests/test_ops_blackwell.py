@@ -102,6 +102,16 @@ def test_gate_is_strictly_major_10(monkeypatch, major, expected):
             fp4_gemms(cuda, "fp4")
     monkeypatch.setenv(EMULATE_ENV, "1")
     assert not fp4_gemms(cuda, "auto") and not fp4_gemms(cuda, "fp4")
+    monkeypatch.setenv(EMULATE_ENV, "0")
+    assert fp4_gemms(cuda, "auto") is expected
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "2"])
+def test_an_emulate_override_other_than_1_or_0_is_an_error(monkeypatch, value):
+    """It used to be ignored unless exactly "1": TITAN_FP4SIX_EMULATE=true ran the real kernels."""
+    monkeypatch.setenv(EMULATE_ENV, value)
+    with pytest.raises(ValueError, match=rf"TITAN_FP4SIX_EMULATE='{value}' is not supported; valid values: '1'"):
+        fp4_gemms(torch.device("cpu"), "auto")
 
 
 def _sm100():

@@ -4,6 +4,7 @@ the metrics file, zero mismatch in consistent mode, and the GRPO math and task o
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,69 @@ def test_grpo_runs_on_cpu(tmp_path):
     for s in steps:
         assert s["gen_tps"] > 0 and s["train_tps"] > 0 and 0 <= s["reward"] <= 1 and s["response_tokens"] > 0
         assert s["mismatch_max"] == 0.0 and s["mismatch_kl"] == 0.0 and "kl_ref" in s and s["consistent"]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--rl.temperature", "0"], r"rl.temperature=0.0; it must be > 0 .*every advantage is 0"),
+    (["--rl.temperature", "-1"], r"rl.temperature=-1.0; it must be > 0"),
+    (["--rl.top_p", "1.5"], r"rl.top_p=1.5; it must be in \(0, 1\]"),
+    (["--rl.group_size", "1"], r"rl.group_size=1; it must be an integer >= 2"),
+    (["--rl.task_length", "0"], r"rl.task_length=0; it must be an integer >= 1"),
+    (["--rl.clip_eps", "0"], r"rl.clip_eps=0.0 must be > 0"),
+])
+def test_rl_arguments_are_checked_when_the_config_loads(args, match, capsys):
+    """top_p and temperature were refused only at the first rollout; temperature 0 trained on zero advantages."""
+    from torchtitan.config.manager import ConfigManager
+
+    with pytest.raises(SystemExit) as exit_info:
+        ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / NVFP4), *args])
+    assert exit_info.value.code == 2
+    assert re.search(match, re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().err))
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--rl.task_length", "70"], r"rl.task_length=70: .* take 143 positions, more than training.seq_len=64 .*"
+                                 r"rl.task_length <= 30 or training.seq_len >= 143"),
+    (["--rl.task_length", "31"], r"take 65 positions, more than training.seq_len=64"),
+    (["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"],
+     r"titan_fp4six.rl supports model.name = 'qwen3' .*got model.name='deepseek_v3'"),
+    (["--model.flavor", "debugmodel_nope"], r"model.flavor='debugmodel_nope' is not a flavor of model.name='qwen3'"),
+])
+def test_rl_jobs_the_trainer_cannot_run_are_refused_before_it_starts(monkeypatch, args, match):
+    """They failed at step 1, after the rollouts: IndexError in the RoPE lookup, AttributeError n_kv_heads."""
+    from torchtitan.config.manager import ConfigManager
+
+    from titan_fp4six.rl.trainer import check_rl_job
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    job = ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / NVFP4), *args])
+    with pytest.raises(ValueError, match=match):
+        check_rl_job(job)
+    check_rl_job(ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / NVFP4),
+                                             "--rl.task_length", "30"]))  # 63 positions fit
+
+
+def test_the_rl_launcher_refuses_them_before_building_the_model(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file", str(REPO / "configs" / NVFP4),
+           "--job.dump_folder", str(tmp_path), *CPU_ARGS, "--rl.task_length", "31"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "ValueError: rl.task_length=31" in proc.stderr, proc.stderr[-3000:]
+    assert "Building" not in proc.stderr + proc.stdout  # torchtitan's model build never started
+
+
+def test_the_readmes_cpu_command_runs_two_steps(tmp_path):
+    """The README's CPU RL command as written (its dump folder moved to tmp_path), on the package's tiny flavor."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("python -m titan_fp4six.rl --job.config_file", text.index("on the package's `tiny` flavor")):]
+    args = block[:block.index("```")].replace("\\\n", " ").split()[3:]
+    assert "--model.flavor" in args and "tiny" in args
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "titan_fp4six.rl", *args, "--job.dump_folder", str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
 
 
 def test_recipes_parse_and_differ_only_in_the_converter():

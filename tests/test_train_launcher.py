@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchtitan.config.manager import ConfigManager
 
 from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
 from titan_fp4six.integration.allocator import ALLOC_ENVS, expandable_segments_by_default
+from titan_fp4six.integration.checks import check_finite, check_job_config, nonfinite_allowed
 from titan_fp4six.integration.converters import check_converter_names
 from titan_fp4six.train import check_world_size
 
@@ -24,6 +26,62 @@ def test_converter_typo_names_the_registered_converters():
                                          r"converter is registered as; valid: .*quantize.linear.four_over_six"):
         check_converter_names(job_config(converters="quantize.linear.four_over_sx"))
     check_converter_names(job_config())
+
+
+def test_the_plugins_converter_without_its_config_module_says_to_set_it():
+    """Not "which no converter is registered as", naming the right converter as invalid."""
+    job = ConfigManager().parse_args(["--model.converters", "quantize.grouped_mm.four_over_six"])
+    with pytest.raises(ValueError, match=r"model.converters lists quantize.grouped_mm.four_over_six but its config "
+                                         rf'section is missing: set \[job\] custom_config_module = "{CONFIG_MODULE}"'):
+        check_converter_names(job)
+
+
+def _recipe(tmp_path, text: str) -> str:
+    toml = tmp_path / "recipe.toml"
+    toml.write_text(f'[job]\ncustom_config_module = "{CONFIG_MODULE}"\n{text}')
+    return str(toml)
+
+
+@pytest.mark.parametrize("text, args", [
+    ('[model]\nconverters = []\n[quantize.grouped_mm.four_over_six]\nfqns = ["experts"]\n', []),  # defaults only
+    ("[model]\nconverters = []\n", ["--quantize.linear.four_over_six.scale_bound", "448"]),
+    ('[model]\nconverters = ["quantize.linear.four_over_six"]\n[quantize.grouped_mm.four_over_six]\n'
+     'weight_block = "1x16"\n', []),
+])
+def test_a_configured_section_without_its_converter_is_an_error(tmp_path, text, args):
+    """It trained plain bf16 without a word."""
+    job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, text), *args])
+    with pytest.raises(ValueError, match=r"\[quantize\.(linear|grouped_mm)\.four_over_six\] is configured but "
+                                         r"model.converters=.* does not list .*a plain bf16 run.*add it"):
+        check_job_config(job)
+
+
+@pytest.mark.parametrize("recipe", ["configs/deepseek_v3_debugmodel_bf16.toml", REPO_CONFIG,
+                                    "configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml"])
+def test_the_shipped_recipes_pass_the_start_up_checks(recipe):
+    check_job_config(ConfigManager().parse_args(["--job.config_file", str(REPO / recipe)]))
+
+
+def test_non_finite_steps_stop_unless_allowed(tmp_path):
+    """What both launchers call after each step."""
+    check_finite(3, 2.5, 0.7, allow=False)
+    with pytest.raises(FloatingPointError, match=r"step 7: non-finite grad norm \(inf\); stopped before this "
+                                                 r"step's checkpoint.*training.allow_nonfinite = true"):
+        check_finite(7, 2.5, float("inf"), allow=False)
+    with pytest.raises(FloatingPointError, match=r"step 2: non-finite loss \(nan\) and grad norm \(nan\)"):
+        check_finite(2, float("nan"), float("nan"), allow=False)
+    check_finite(2, float("nan"), float("nan"), allow=True)
+    assert not nonfinite_allowed(job_config()) and nonfinite_allowed(job_config("--training.allow_nonfinite"))
+    job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, "[training]\nallow_nonfinite = 1\n")])
+    with pytest.raises(ValueError, match=r"training.allow_nonfinite=1; it must be true or false"):
+        nonfinite_allowed(job)
+
+
+def test_an_unknown_flavor_names_the_valid_ones():
+    """torchtitan's train.py failed with a bare KeyError: 'debugmodel_nope'."""
+    with pytest.raises(ValueError, match=r"model.flavor='debugmodel_nope' is not a flavor of model.name="
+                                         r"'deepseek_v3'; valid: .*debugmodel, .*tiny"):
+        check_job_config(job_config("--model.name", "deepseek_v3", "--model.flavor", "debugmodel_nope"))
 
 
 @pytest.mark.parametrize("args, world, match", [
@@ -46,6 +104,7 @@ def test_parallel_degrees_that_fit(world, args):
 @pytest.mark.parametrize("args, match", [
     (["--model.converters", "quantize.linear.four_over_sx"], "which no converter is registered as"),
     (["--parallelism.tensor_parallel_degree", "2"], "needs 2 processes"),
+    (["--model.flavor", "debugmodel_nope"], "is not a flavor of model.name='deepseek_v3'"),
 ])
 def test_launcher_reports_them_before_training(args, match):
     cmd = [sys.executable, "-m", "titan_fp4six.train", "--job.config_file", REPO_CONFIG,
@@ -92,6 +151,16 @@ def test_launchers_start_torchtitan_with_expandable_segments(module, user, expec
     done = subprocess.run([sys.executable, "-c", _PRINT_ALLOC_ENV, module], capture_output=True, text=True,
                           timeout=300, env=env, cwd=REPO)
     assert expected in done.stdout.splitlines(), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", ["titan_fp4six.train", "titan_fp4six.rl"])
+@pytest.mark.parametrize("env, value", [("TITAN_FP4SIX_QUANTIZER", "bogus"), ("TITAN_FP4SIX_EMULATE", "yes")])
+def test_launchers_refuse_bad_environment_overrides_before_torchtitan_starts(module, env, value):
+    """Not at the first rollout or forward: torchtitan's main (stubbed to print) is never reached."""
+    done = subprocess.run([sys.executable, "-c", _PRINT_ALLOC_ENV, module], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, **{env: value}), cwd=REPO)
+    assert done.returncode != 0 and "ALLOC" not in done.stdout
+    assert f"ValueError: {env}='{value}' is not supported; valid values" in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

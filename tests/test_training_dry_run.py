@@ -1,6 +1,9 @@
 """The Qwen3-30B-A3B recipe's dry run: parse, build on the meta device, convert, report quantized modules and memory."""
 
+import re
 from pathlib import Path
+
+import pytest
 
 from titan_fp4six.integration import dry_run
 
@@ -19,3 +22,21 @@ def test_qwen3_30b_a3b_dry_run_reports_experts_and_memory(capsys):
     dry_run.main(["--job.config_file", RECIPE, "--gpu-memory-gib", "141"])
     out = capsys.readouterr().out
     assert "quantized layers.N.moe.experts: 48 modules" in out and "min GPUs: 8" in out
+
+
+@pytest.mark.parametrize("args, match", [
+    ([], r"--job.config_file RECIPE.toml is required"),
+    (["--job.config_file", RECIPE, "--gpu-memory-gib", "-5"], r"--gpu-memory-gib -5: the memory per GPU must be > 0"),
+    (["--job.config_file", RECIPE, "--gpu-memory-gib", "0"], r"--gpu-memory-gib 0: the memory per GPU must be > 0"),
+])
+def test_dry_run_refuses_a_missing_recipe_and_no_memory(capsys, args, match):
+    """Both used to exit 0: a summary of torchtitan's default llama3 job, or "min GPUs: inf"."""
+    with pytest.raises(SystemExit) as exit_info:
+        dry_run.main(args)
+    assert exit_info.value.code == 2 and re.search(match, capsys.readouterr().err)
+
+
+def test_dry_run_names_the_valid_flavors():
+    with pytest.raises(ValueError, match=r"model.flavor='30B-A3B-nope' is not a flavor of model.name='qwen3'; "
+                                         r"valid: .*30B-A3B.*tiny"):
+        dry_run.build_and_convert(["--job.config_file", RECIPE, "--model.flavor", "30B-A3B-nope"])

@@ -4,6 +4,7 @@ Same CLI as ``torchtitan.train`` (``--job.config_file recipe.toml --section.key 
 or as a single process (the rendezvous variables torchrun would set are filled in for one rank).
 """
 
+import contextlib
 import os
 import socket
 
@@ -46,10 +47,14 @@ def check_world_size(parallelism, world_size: int) -> None:
 def prepare_process() -> None:
     """What both launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
     twins alike (so their ratios share the settings): the allocator's expandable segments (before any CUDA
-    allocation), the CPU patches without a GPU, the rendezvous of one rank, and backward on this thread."""
+    allocation), the CPU patches without a GPU, the rendezvous of one rank, backward on this thread, and the
+    embedded corpus and the plugin's flavors (also for recipes without the plugin's config module); bad
+    environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+    from titan_fp4six.ops.gemm import check_environment
 
+    check_environment()
     expandable_segments_by_default()
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
@@ -57,25 +62,68 @@ def prepare_process() -> None:
         cpu.apply()
     _single_process_env()
     run_backward_on_calling_thread()
+    from titan_fp4six.integration import data, flavors  # after the CPU patches: torchtitan's models load here
+
+    data.register()
+    flavors.register()
+
+
+def check_before_training(job_config) -> None:
+    """Both launchers' checks of the parsed config, before torchtitan's Trainer builds anything."""
+    from titan_fp4six.integration.checks import check_job_config, nonfinite_allowed
+
+    check_job_config(job_config)
+    nonfinite_allowed(job_config)
+    check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
+
+
+@contextlib.contextmanager
+def _recording(module, name: str, results: list):
+    """Within the block, module.<name>(...) also appends its result to `results` (torchtitan's train_step keeps
+    the grad norm to itself on the steps it does not log)."""
+    original = getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        results.append(original(*args, **kwargs))
+        return results[-1]
+
+    setattr(module, name, recorded)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 def main() -> None:
     prepare_process()
-    from titan_fp4six.integration import data
-
-    data.register()  # the embedded corpus, also for recipes without the plugin's config module
+    from torchtitan.distributed import utils as dist_utils
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
-    from titan_fp4six.integration.converters import check_converter_names
+    from titan_fp4six.integration.checks import check_finite, nonfinite_allowed
 
     class CheckedTrainer(Trainer):
-        """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError)."""
+        """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError) or
+        silent, stopping at a non-finite loss or grad norm (training.allow_nonfinite)."""
 
         def __init__(self, job_config):
-            check_converter_names(job_config)
-            check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
+            check_before_training(job_config)
             super().__init__(job_config)
+            self.step_losses, self.grad_norms = [], []
+
+        def forward_backward_step(self, *args, **kwargs):
+            loss = super().forward_backward_step(*args, **kwargs)
+            self.step_losses.append(loss.detach())
+            return loss
+
+        def train_step(self, data_iterator):
+            self.step_losses.clear()
+            self.grad_norms.clear()
+            with _recording(dist_utils, "clip_grad_norm_", self.grad_norms):
+                super().train_step(data_iterator)
+            loss, grad_norm = torch.stack([torch.stack(self.step_losses).sum().float(),
+                                           self.grad_norms[-1].float()]).tolist()  # one host sync a step
+            check_finite(self.step, loss, grad_norm, nonfinite_allowed(self.job_config))
 
     torchtitan_main(CheckedTrainer)
 

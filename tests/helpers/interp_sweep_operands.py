@@ -68,11 +68,12 @@ def columnwise(gen):
 
 
 def decode(gen):
-    """Both decode kernels on every code byte and edge scales, per-tensor and per-row amax, every output dtype."""
+    """Both decode kernels on every code byte and edge scales, per-tensor and per-row amax (1e36: the rescaled
+    order), every output dtype."""
     for rows, cols, edge in ((9, 48, True), (3, 1040, False)):
         codes, scales, amax_rows = decode_case(rows, cols, gen, edge)
         for index, dtype in enumerate(DTYPES):
-            for amax in (amax_rows, amax_rows[1].clone(), torch.tensor(float("nan"))):
+            for amax in (amax_rows, amax_rows[1].clone(), torch.tensor(float("nan")), torch.tensor(1e36)):
                 bound = (256, 448)[index % 2]
                 yield f"decode/{rows}x{cols}/{dtype}/{bound}/amax{tuple(amax.shape)}", compare_decode(
                     kd, codes, scales, amax, bound, dtype)

@@ -172,13 +172,15 @@ def nvfp4(x, amax):
 
 
 def dequantize(codes, scale_bits, amax, bound):
-    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B)))."""
+    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), rescaled by 2^-64 / 2^64 where amax >= 2^119."""
     rows, cols = codes.shape
     amaxes = [F(amax)] * rows if np.ndim(amax) == 0 else [F(a) for a in amax]
     inv = F(F(1.0) / F(6 * bound))
     out = np.zeros((rows, cols), dtype=np.float32)
     for r in range(rows):
         for c in range(cols):
-            scale = F(F(e4m3_value(int(scale_bits[r, c // 16])) * amaxes[r]) * inv)
+            big = amaxes[r] >= F(2.0 ** 119)  # the spec's rescaled order where f32(sf) * amax may overflow
+            down, up = (F(2.0 ** -64), F(2.0 ** 64)) if big else (F(1.0), F(1.0))
+            scale = F(F(F(e4m3_value(int(scale_bits[r, c // 16])) * F(amaxes[r] * down)) * inv) * up)
             out[r, c] = F(e2m1_value(int(codes[r, c])) * scale)
     return out

@@ -5,6 +5,8 @@ live, with errors naming the TOML keys) and calls `convert(model)` on the meta-d
 parallelism, compile or FSDP. Converting swaps modules for stateless subclasses: the state_dict is unchanged.
 """
 
+import tomllib
+
 import torch
 from torch import nn
 from torchtitan.components.quantization import QuantizationConverter
@@ -18,11 +20,13 @@ from ..modules.linear import FourOverSixLinear
 from ..modules.weight_cache import invalidate_weight_caches
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops import blackwell
+from ..ops.gemm import check_environment
 from . import metrics
 from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
 
 FAMILY = "four_over_six"
+KINDS = ("linear", "grouped_mm")
 _CACHED = "; weights quantized once per optimizer step (cache_weights)"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
 
@@ -70,13 +74,24 @@ def check_not_empty(cfg, section: str, converted: list, what: str, keys: str) ->
                          f"{section}.allow_empty = true to run it anyway")
 
 
+def _section(job_config, kind: str):
+    """The [quantize.<kind>.four_over_six] section, or None without the plugin's config module."""
+    return getattr(getattr(getattr(job_config, "quantize", None), kind, None), FAMILY, None)
+
+
+def section_config(job_config, kind: str):
+    """The section of converter `kind`, which the config module adds (and registers the converters with)."""
+    cfg = _section(job_config, kind)
+    if cfg is None:
+        raise ValueError(f"model.converters lists quantize.{kind}.{FAMILY} but its config section is missing: set "
+                         f'[job] custom_config_module = "{CONFIG_MODULE}"')
+    return cfg
+
+
 def validate_job_config(job_config, kind: str):
     """Cross-section checks for converter `kind` ("linear" or "grouped_mm"); returns (section cfg, recipe)."""
     section = f"quantize.{kind}.{FAMILY}"
-    cfg = getattr(getattr(getattr(job_config, "quantize", None), kind, None), FAMILY, None)
-    if cfg is None:
-        raise ValueError(f"model.converters lists {section} but its config section is missing: set "
-                         f'[job] custom_config_module = "{CONFIG_MODULE}"')
+    cfg = section_config(job_config, kind)
     others = [c for c in job_config.model.converters if "quantize" in c and c.split(".")[-1] != FAMILY]
     if others:
         raise ValueError(f"model.converters mixes {others} with {section}: one quantization family per run "
@@ -113,7 +128,8 @@ def validate_job_config(job_config, kind: str):
 
 def check_implementations(recipe, section: str) -> None:
     """The knobs that demand an implementation (quantizer='triton', gemm='fp4') fail on this rank's hardware
-    before the model is built, not at the first forward."""
+    before the model is built, not at the first forward; so do bad environment overrides of them."""
+    check_environment()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     if recipe.quantizer == "triton" and device is None:
         raise ValueError(f"{section}.quantizer='triton' needs a CUDA device and this rank has none; use 'auto' "
@@ -127,11 +143,33 @@ def check_implementations(recipe, section: str) -> None:
 
 def check_converter_names(job_config) -> None:
     """torchtitan looks model.converters up in its registry and fails a typo with a bare KeyError before any
-    converter runs; the plugin's launcher calls this first to name the valid converters."""
+    converter runs; the plugin's launcher calls this first to name the valid converters. This plugin's names are
+    registered by its config module, so without it they are unknown too: that is said first."""
+    for kind in KINDS:
+        if f"quantize.{kind}.{FAMILY}" in job_config.model.converters:
+            section_config(job_config, kind)
     unknown = [n for n in job_config.model.converters if n not in _registry_model_converter_cls]
     if unknown:
         raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
                          f"{', '.join(sorted(_registry_model_converter_cls))}")
+
+
+def check_sections_have_converters(job_config) -> None:
+    """A [quantize.*.four_over_six] section whose converter model.converters does not list would train plain bf16
+    without a word. A section counts as configured when the recipe file has it or it differs from the defaults
+    (a command-line knob)."""
+    written = {}
+    if job_config.job.config_file:
+        with open(job_config.job.config_file, "rb") as f:
+            written = tomllib.load(f).get("quantize", {})
+    for kind in KINDS:
+        cfg, name = _section(job_config, kind), f"quantize.{kind}.{FAMILY}"
+        if cfg is None or name in job_config.model.converters:
+            continue
+        if FAMILY in written.get(kind, {}) or cfg != type(cfg)():
+            raise ValueError(f"[{name}] is configured but model.converters={job_config.model.converters} does not "
+                             f"list {name!r}, so nothing would be quantized (a plain bf16 run): add it to "
+                             f"model.converters, or delete the [{name}] section")
 
 
 def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:

@@ -19,7 +19,8 @@ from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.tools import utils
 
 from ..ops.recipe import FourOverSixRecipe
-from . import job_config as _job_config  # noqa: F401  (registers the converters and the dataset)
+from . import job_config as _job_config  # noqa: F401  (registers the converters, the dataset and the flavors)
+from .checks import check_job_config
 
 GIB = 1024**3
 
@@ -36,6 +37,7 @@ class Summary:
 def build_and_convert(args: list[str]):
     """The job config and its model on the meta device, converted by the recipe's converters."""
     config = ConfigManager().parse_args(args)
+    check_job_config(config)
     spec = train_spec_module.get_train_spec(config.model.name)
     model_args = spec.model_args[config.model.flavor]
     model_args.update_from_config(config)
@@ -84,6 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-memory-gib", type=float, default=141.0, help="memory per GPU (H200: 141, H100/B200: 80/180)")
     ours, rest = parser.parse_known_args(argv)
+    if not ours.gpu_memory_gib > 0:  # NaN too
+        parser.error(f"--gpu-memory-gib {ours.gpu_memory_gib:g}: the memory per GPU must be > 0 GiB (H200: 141)")
+    if not any(arg.split("=")[0] in ("--job.config_file", "--job.config-file") for arg in rest):
+        parser.error("--job.config_file RECIPE.toml is required (without it torchtitan's default llama3 job would be "
+                     "summarized), e.g. --job.config_file configs/qwen3_30b_a3b_nvfp4_four_over_six.toml")
     config, model_args, model = build_and_convert(rest)
     s = summarize(model, model_args, config.training.seq_len)
     q_params = sum(n for n, _ in s.quantized.values())

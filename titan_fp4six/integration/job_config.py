@@ -2,17 +2,19 @@
 
 torchtitan imports this module and merges its top-level `JobConfig` dataclass into its own, adding
 `[quantize.linear.four_over_six]` and `[quantize.grouped_mm.four_over_six]`. That import is the plugin's one
-hook into `torchtitan.train`, so it also registers the converters and the embedded dataset (`register()`).
+hook into `torchtitan.train`, so it also registers the converters, the embedded dataset and the plugin's model
+flavors (`register()`).
 The recipe knobs of both sections are derived from FourOverSixRecipe's fields (their one home); each section
 builds and validates its recipe when the config loads, so a bad knob fails before any model is built, with
 its TOML key named. No `from __future__ import annotations` here: the merge compares real dataclass types.
 """
 
+import json
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 
 from ..modules.experts import GROUP_ALIGN, check_pad_multiple
 from ..ops.recipe import KNOBS, FourOverSixRecipe
-from . import converters, data
+from . import converters, data, flavors
 
 LINEAR_SECTION = "quantize.linear.four_over_six"
 GROUPED_SECTION = "quantize.grouped_mm.four_over_six"
@@ -49,6 +51,12 @@ class _SectionBase:
         for key in ("allow_empty", "cache_weights"):
             if type(getattr(self, key)) is not bool:
                 raise ValueError(f"{self.SECTION}.{key}={getattr(self, key)!r}; it must be true or false")
+        for key in ("filter_fqns", "fqns"):  # a TOML string would be matched character by character
+            value = getattr(self, key, [])
+            if type(value) is not list or any(type(v) is not str for v in value):
+                example = [value] if type(value) is str else ["experts"]
+                raise ValueError(f"{self.SECTION}.{key}={value!r}; it must be a list of strings (module names), "
+                                 f"e.g. {key} = {json.dumps(example)}")
 
     def recipe(self) -> FourOverSixRecipe:
         """The section's recipe, resolved for its GEMM kind; an invalid knob is reported with its TOML key."""
@@ -105,14 +113,25 @@ class Quantize:
 
 
 @dataclass
+class Training:
+    """Merged into torchtitan's [training] section."""
+
+    allow_nonfinite: bool = False
+    """`python -m titan_fp4six.train` and `titan_fp4six.rl` stop with an error naming the step whose loss or grad
+    norm is NaN or Inf, before its checkpoint is saved; true lets the run go on (experiments)."""
+
+
+@dataclass
 class JobConfig:
     quantize: Quantize = field(default_factory=Quantize)
+    training: Training = field(default_factory=Training)
 
 
 def register() -> None:
-    """Register the converters and the embedded dataset with torchtitan (idempotent)."""
+    """Register the converters, the embedded dataset and the plugin's flavors with torchtitan (idempotent)."""
     converters.register()
     data.register()
+    flavors.register()
 
 
 register()

@@ -1,7 +1,8 @@
 """Triton decode of NVFP4 codes and E4M3 block scales: one read of codes and scales, one write of the values.
 
 Bitwise equal to reference.decode_block_scaled_reference (e2m1 value * f32(scale), exact in bf16) and to
-reference.dequantize_reference (value = e2m1 value * ((f32(scale) * amax) * fl(1/(6B))) in FP32, then
+reference.dequantize_reference (value = e2m1 value * ((f32(scale) * amax) * fl(1/(6B))) in FP32, rescaled by
+powers of two for amax >= 2^119 as reference.decode_scale, then
 cast to the output dtype with round-to-nearest-even): the same FP32 operations in the same order, one at a
 time (no FMA contraction). Launchers take validated, contiguous CUDA tensors (or run under the interpreter).
 """
@@ -12,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..numerics.formats import DECODE_BIG_AMAX, DECODE_RESCALE
 from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
@@ -21,6 +23,8 @@ BLOCK_BLOCKS = 32
 WARPS = 4
 OUT_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 TWO_TO_120 = tl.constexpr(2.0 ** 120)
+BIG_AMAX = tl.constexpr(DECODE_BIG_AMAX)
+RESCALE = tl.constexpr(DECODE_RESCALE)
 
 
 @triton.jit
@@ -67,7 +71,8 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, group_ptr, out_ptr, R, NBLK,
                    GLOBAL: tl.constexpr, GROUPS: tl.constexpr, BY_GROUP: tl.constexpr, R6B: tl.constexpr,
                    OUT: tl.constexpr, BR: tl.constexpr, NB: tl.constexpr):
     """Values of BR rows x NB blocks: e2m1 value * f32(scale), times the global factor when GLOBAL
-    (scale = (f32(sf) * amax) * R6B, R6B = fl(1/(6B)), each row's amax by load_row_amax)."""
+    (scale = (f32(sf) * amax) * R6B, R6B = fl(1/(6B)), each row's amax by load_row_amax; rescaled by 2^-64 / 2^64
+    around it where amax >= 2^119, as reference.decode_scale)."""
     rows = (tl.program_id(0) * BR + tl.arange(0, BR))[:, None]
     blks = (tl.program_id(1) * NB + tl.arange(0, NB))[None, :]
     ok = (rows < R) & (blks < NBLK)
@@ -75,7 +80,8 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, group_ptr, out_ptr, R, NBLK,
     scale = e4m3_value(tl.load(scales_ptr + rows64 * NBLK + blks, mask=ok, other=0).to(tl.int32))
     if GLOBAL:
         amax, _ = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
-        scale = (scale * amax) * R6B
+        big = amax >= BIG_AMAX  # reference.decode_scale: rescaled by powers of two where f32(sf) * amax may overflow
+        scale = ((scale * (amax * tl.where(big, 1.0 / RESCALE, 1.0))) * R6B) * tl.where(big, RESCALE, 1.0)
     scale = scale[:, :, None]
     byte = (rows64 * (NBLK * 8) + blks * 8)[:, :, None] + tl.arange(0, 8)[None, None, :]
     codes = tl.load(codes_ptr + byte, mask=ok[:, :, None], other=0).to(tl.int32)

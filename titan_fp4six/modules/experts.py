@@ -17,6 +17,7 @@ from torch import nn
 
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mm, quantize_grouped_weight
+from ..ops.checks import check_recipe
 from .autocast import autocast_operands, no_autocast
 from .dtensor import is_dtensor, local_weight
 from .weight_cache import WeightCache
@@ -120,6 +121,7 @@ def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: 
     """Turn `module` (an experts instance) into its four-over-six subclass in place and return it; without
     expert parallelism it pads each token group to `pad_multiple` rows; cache_weights: quantize the weights once
     per optimizer step (weight_cache.py)."""
+    check_recipe(recipe)
     check_pad_multiple(pad_multiple)
     for name in _NAMES:
         w = getattr(module, name, None)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..ops import FourOverSixRecipe, four_over_six_linear, quantize_linear_weight
+from ..ops.checks import check_recipe
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 from .weight_cache import WeightCache
@@ -22,8 +23,10 @@ class FourOverSixLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: FourOverSixRecipe | None = None, cache_weights: bool = False, device=None, dtype=None):
+        recipe = recipe if recipe is not None else FourOverSixRecipe()
+        check_recipe(recipe)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.recipe = (recipe if recipe is not None else FourOverSixRecipe()).resolve(grouped=False)
+        self.recipe = recipe.resolve(grouped=False)
         self.weight_cache = WeightCache() if cache_weights else None
 
     @classmethod

@@ -44,16 +44,32 @@ FourOverSixTrainingConfig = make_dataclass(
 
 
 def quantizable_linear(module: nn.Module, fqn: str = "") -> bool:
-    """A `filter_fn` for quantize_: plain nn.Linear layers whose two dims are multiples of 16."""
-    return (type(module) is nn.Linear and module.in_features % BLOCK_SIZE == 0
-            and module.out_features % BLOCK_SIZE == 0)
+    """A `filter_fn` for quantize_: plain nn.Linear layers whose two dims are multiples of 16, and converted ones
+    (so quantize_ on a converted model checks that its config is the one they have)."""
+    if isinstance(module, FourOverSixLinear):
+        return True
+    return type(module) is nn.Linear and module.in_features % BLOCK_SIZE == 0 and module.out_features % BLOCK_SIZE == 0
+
+
+def _check_same_config(module: FourOverSixLinear, config) -> None:
+    """quantize_ on a converted model: a no-op with the same config; another config would be silently ignored
+    (the module keeps its recipe), so it is an error."""
+    recipe, cached = config.recipe().resolve(grouped=False), module.weight_cache is not None
+    if recipe != module.recipe or cached != config.cache_weights:
+        raise ValueError(f"FourOverSixTrainingConfig: this Linear is already a FourOverSixLinear with recipe="
+                         f"{module.recipe}, cache_weights={cached}; the new config asks for recipe={recipe}, "
+                         f"cache_weights={config.cache_weights}. quantize_ the original (unconverted) model once, "
+                         "with the config you want")
 
 
 @register_quantize_module_handler(FourOverSixTrainingConfig)
 def _four_over_six_training_transform(module: nn.Module, config: FourOverSixTrainingConfig,
                                       parameter_name: str | None = None) -> nn.Module:
     """quantize_'s handler: nn.Linear -> FourOverSixLinear sharing its Parameters (state_dict unchanged)."""
-    if isinstance(module, FourOverSixLinear) or not isinstance(module, nn.Linear):
+    if isinstance(module, FourOverSixLinear):
+        _check_same_config(module, config)
+        return module
+    if not isinstance(module, nn.Linear):
         return module
     if type(module) is not nn.Linear:
         raise TypeError(f"FourOverSixTrainingConfig converts plain nn.Linear only; the filter selected a "

@@ -13,6 +13,10 @@ FLT_MAX = torch.finfo(torch.float32).max
 STANDARD_BOUND = 448
 """Block-scale bound B of standard NVFP4 (E4M3's largest value): its scales use the whole E4M3 range."""
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DECODE_BIG_AMAX = 2.0 ** 119
+"""From this amax on, f32(sf) * amax (|sf| <= 448 < 2^9) may overflow FP32, so the decode rescales it by
+DECODE_RESCALE (docs/numerics.md, Decoding)."""
+DECODE_RESCALE = 2.0 ** 64
 NAN_CODE = 0x3
 """The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
 device's arithmetic, so the stored byte must not."""

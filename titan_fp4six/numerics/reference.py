@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from .formats import (BLOCK_SIZE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND, e2m1_decode, e2m1_encode, e4m3_round,
-                      fp32_const, pack_codes, unpack_codes)
+from .formats import (BLOCK_SIZE, DECODE_BIG_AMAX, DECODE_RESCALE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND,
+                      e2m1_decode, e2m1_encode, e4m3_round, fp32_const, pack_codes, unpack_codes)
 
 # Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
 _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
@@ -147,11 +147,21 @@ def decode_block_scaled_reference(codes: torch.Tensor, scales: torch.Tensor, dty
     return (values * scales.float()[..., None]).view(rows, half * 2).to(dtype)
 
 
+def decode_scale(sf: torch.Tensor, amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """(f32(sf) * amax) * fl(1/(6B)); where amax >= DECODE_BIG_AMAX (2^119) it is computed as
+    ((f32(sf) * (amax * 2^-64)) * fl(1/(6B))) * 2^64: the same value wherever the first order does not overflow
+    (the power-of-two factors are exact and every intermediate stays normal), finite where it would."""
+    big = amax >= DECODE_BIG_AMAX
+    down = torch.where(big, _f32(1 / DECODE_RESCALE, amax), _f32(1.0, amax))
+    up = torch.where(big, _f32(DECODE_RESCALE, amax), _f32(1.0, amax))
+    return global_decode_factor(sf * (amax * down), scale_bound) * up
+
+
 def dequantize_reference(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int,
                          dtype) -> torch.Tensor:
-    """value = e2m1_value(code) * ((f32(sf) * amax) * fl(1/(6B))), cast to dtype; amax () or (R,)."""
+    """value = e2m1_value(code) * decode_scale(f32(sf), amax), cast to dtype; amax () or (R,)."""
     rows, half = codes.shape
-    scale = global_decode_factor(scales.float() * _per_row(amax), scale_bound)
+    scale = decode_scale(scales.float(), _per_row(amax), scale_bound)
     values = e2m1_decode(unpack_codes(codes)).view(rows, half * 2 // BLOCK_SIZE, BLOCK_SIZE)
     return (values * scale[..., None]).view(rows, half * 2).to(dtype)
 

@@ -9,7 +9,8 @@ from .recipe import FourOverSixRecipe
 
 def check_recipe(recipe) -> None:
     if not isinstance(recipe, FourOverSixRecipe):
-        raise TypeError(f"recipe must be a titan_fp4six.FourOverSixRecipe, got {type(recipe).__name__}")
+        raise TypeError(f"recipe must be a titan_fp4six.FourOverSixRecipe, got {type(recipe).__name__} {recipe!r}; "
+                        "build one from the knobs, e.g. FourOverSixRecipe(err_mode='mse')")
 
 
 def check_multiple(value: int, what: str) -> None:

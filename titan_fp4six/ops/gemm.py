@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..dispatch.backend import quantizer_choice
 from ..dispatch.epilogue import run_grouped_scale_cast, run_scale_cast
 from ..numerics.reference import global_decode_factor
 from . import blackwell
@@ -24,11 +25,29 @@ from .recipe import FourOverSixRecipe
 log = logging.getLogger(__name__)
 
 EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
+EMULATE_VALUES = ("1", "0", "")
+
+
+def emulation_forced() -> bool:
+    """EMULATE_ENV=1 forces emulated GEMMs; "0", empty or unset leave the `gemm` knob in charge. Anything else
+    ("true", "yes") is an error rather than silently ignored."""
+    value = os.environ.get(EMULATE_ENV, "")
+    if value not in EMULATE_VALUES:
+        raise ValueError(f"{EMULATE_ENV}={value!r} is not supported; valid values: '1' (emulate every GEMM), '0' or "
+                         "unset (the recipe's gemm knob decides)")
+    return value == "1"
+
+
+def check_environment() -> None:
+    """Both environment overrides (TITAN_FP4SIX_QUANTIZER, EMULATE_ENV) checked at start-up, not at the first
+    forward: the launchers and the converters call this."""
+    quantizer_choice("auto")
+    emulation_forced()
 
 
 def fp4_gemms(device: torch.device, gemm: str) -> bool:
     """Whether the real NVFP4 GEMMs run (recipe knob `gemm`; EMULATE_ENV=1 forces emulation everywhere)."""
-    if gemm == "emulated" or os.environ.get(EMULATE_ENV) == "1":
+    if gemm == "emulated" or emulation_forced():
         return False
     if gemm == "fp4":
         blackwell.require(device)

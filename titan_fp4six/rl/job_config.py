@@ -33,6 +33,23 @@ class RL:
     metrics_file: str = "rl_metrics.jsonl"
     """Per-step metrics as JSON lines, relative to job.dump_folder."""
 
+    def __post_init__(self):
+        """Checked when the config loads, not at the first rollout."""
+        for key, low in (("prompts_per_step", 1), ("group_size", 2), ("task_length", 1)):
+            value = getattr(self, key)
+            if type(value) is not int or value < low:
+                why = " (advantages are relative to a prompt's group)" if key == "group_size" else ""
+                raise ValueError(f"rl.{key}={value!r}; it must be an integer >= {low}{why}")
+        if not self.temperature > 0:
+            raise ValueError(f"rl.temperature={self.temperature!r}; it must be > 0 (1 samples the policy itself): at 0 "
+                             "every sample of a group is the same greedy answer, so every advantage is 0 and only "
+                             "the entropy bonus would train")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rl.top_p={self.top_p!r}; it must be in (0, 1] (1: no nucleus truncation)")
+        if not (self.clip_eps > 0 and self.kl_coef >= 0 and self.entropy_coef >= 0):
+            raise ValueError(f"rl.clip_eps={self.clip_eps!r} must be > 0, rl.kl_coef={self.kl_coef!r} >= 0 and "
+                             f"rl.entropy_coef={self.entropy_coef!r} >= 0")
+
 
 @dataclass
 class JobConfig(_plugin.JobConfig):

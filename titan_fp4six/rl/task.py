@@ -53,6 +53,10 @@ class CopyTask:
     def max_new_tokens(self) -> int:
         return self.length + 1  # the copy and <eos>
 
+    def max_positions(self) -> int:
+        """RoPE positions a rollout and its re-scoring use: the prompt (<bos>, symbols, "=") and the response."""
+        return self.length + 2 + self.max_new_tokens()
+
     def reward(self, prompt: list[int], response: list[int]) -> float:
         target = prompt[1:1 + self.length]
         got = response[:self.length]

@@ -19,28 +19,46 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from ..integration.checks import check_finite, nonfinite_allowed
+from ..train import check_before_training
 from . import grpo
 from .experts import ExpertWeightCache, cached_experts
 from .forward import forward, kernels
 from .generator import Rollout, generate, tempered
 from .task import CopyTask, Vocabulary
 
+SUPPORTED_MODELS = ("qwen3",)
+"""Model families whose modules rl/forward.py reads (Qwen3's attention: wq/wk/wv/wo, q_norm/k_norm, n_kv_heads)."""
+
+
+def check_rl_job(job_config) -> CopyTask:
+    """The checks that need more than the [rl] section (which checks itself when the config loads), before
+    torchtitan builds anything; returns the task."""
+    if getattr(job_config, "rl", None) is None:
+        raise ValueError('python -m titan_fp4six.rl needs [job] custom_config_module = "titan_fp4six.rl.job_config"')
+    check_before_training(job_config)
+    cfg, name = job_config.rl, job_config.model.name
+    if name not in SUPPORTED_MODELS:
+        raise ValueError(f"titan_fp4six.rl supports model.name = {', '.join(map(repr, SUPPORTED_MODELS))} (its forward "
+                         f"reads their modules); got model.name={name!r}")
+    world = int(os.environ["WORLD_SIZE"])
+    if world != 1:
+        raise ValueError(f"titan_fp4six.rl runs on one device; got WORLD_SIZE={world}: launch one process")
+    task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
+    positions = task.max_positions()
+    if positions > job_config.training.seq_len:
+        raise ValueError(f"rl.task_length={cfg.task_length}: a prompt ({cfg.task_length} + 2 tokens) and its response "
+                         f"(up to {task.max_new_tokens()}) take {positions} positions, more than training.seq_len="
+                         f"{job_config.training.seq_len} (the model's RoPE table); use rl.task_length <= "
+                         f"{(job_config.training.seq_len - 3) // 2} or training.seq_len >= {positions}")
+    return task
+
 
 class RLTrainer(Trainer):
     def __init__(self, job_config):
-        if getattr(job_config, "rl", None) is None:
-            raise ValueError('python -m titan_fp4six.rl needs [job] custom_config_module = "titan_fp4six.rl.job_config"')
+        self.task = check_rl_job(job_config)
         super().__init__(job_config)
         cfg = job_config.rl
-        if self.parallel_dims.world_size != 1 or len(self.model_parts) != 1:
-            raise ValueError(f"titan_fp4six.rl runs on one device; got world size {self.parallel_dims.world_size}")
-        if cfg.prompts_per_step < 1 or cfg.group_size < 2:
-            raise ValueError(f"rl.prompts_per_step={cfg.prompts_per_step} must be >= 1 and rl.group_size="
-                             f"{cfg.group_size} >= 2 (advantages are relative to a prompt's group)")
-        if cfg.clip_eps <= 0 or cfg.kl_coef < 0 or cfg.entropy_coef < 0:
-            raise ValueError(f"rl.clip_eps={cfg.clip_eps} must be > 0, rl.kl_coef={cfg.kl_coef} >= 0 and "
-                             f"rl.entropy_coef={cfg.entropy_coef} >= 0")
-        self.task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
         self.rng = random.Random(cfg.seed)
         self.sampler = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.expert_cache = ExpertWeightCache()
@@ -160,6 +178,8 @@ class RLTrainer(Trainer):
         while self.should_continue_training():
             self.step += 1
             self.gc_handler.run(self.step)
-            self.log_step(self.rl_step())
+            metrics = self.rl_step()
+            self.log_step(metrics)
+            check_finite(self.step, metrics["loss"], metrics["grad_norm"], nonfinite_allowed(job_config))
             self.checkpointer.save(self.step, last_step=(self.step == job_config.training.steps))
         logger.info("Training completed")
