@@ -77,7 +77,8 @@ def variant_recipes(recipe: FourOverSixRecipe) -> dict[str, FourOverSixRecipe]:
 @dataclass
 class GemmCase:
     """One GEMM's operands: x (M, K) and dy (M, N) in the operands' dtype; w (N, K), or (E, N, K) experts with
-    offs the int32 inclusive group ends (offs[-1] == M, the rows of x are tokens)."""
+    offs the int32 inclusive group ends (offs[-1] == M). token_rows: the rows of x that are tokens where the others
+    are zero padding (they change no metric but would dilute the map-to-4 fraction); None: all."""
 
     name: str
     x: torch.Tensor
@@ -85,6 +86,7 @@ class GemmCase:
     dy: torch.Tensor
     recipe: FourOverSixRecipe
     offs: torch.Tensor | None = None
+    token_rows: torch.Tensor | None = None
 
     def __post_init__(self):
         rows, n = self.x.shape[0], self.w.shape[-2]
@@ -154,6 +156,7 @@ def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float
     """Relative quantization MSE per operand role and the forward's map-to-4 fraction under `recipe`."""
     x_amax, (w, w_amax) = _activation_amax(case, recipe), _weight_rows(case)
     mse_x, map4_x = _four_over_six_error(case.x, x_amax, recipe, "1x16", recipe.activations_choose)
+    map4_x = map4_x if case.token_rows is None else map4_x[case.token_rows]
     mse_w, map4_w = _four_over_six_error(w, w_amax, recipe, recipe.weight_block, recipe.weights_choose)
     out = {"map4_fraction": (map4_x.sum() + map4_w.sum()).item() / (map4_x.numel() + map4_w.numel()),
            "mse_x": mse_x, "mse_w": mse_w}
@@ -215,7 +218,7 @@ def _expert_cases(fqn: str, module: _FourOverSixExperts, x: torch.Tensor, num_to
     w = {n: local_weight(getattr(module, n), n, experts=True).detach().to(w_dtype) for n in _EXPERT_WEIGHTS}
     dy = dy.to(x.dtype)
     if ep_dispatched(module):
-        sizes = num_tokens_per_expert
+        sizes, dest = num_tokens_per_expert, None
     else:
         x, sizes, dest = pad_token_groups(x, num_tokens_per_expert, module.pad_multiple)
         dy = dy.new_zeros(x.shape[0], dy.shape[1]).index_copy(0, dest, dy)
@@ -225,9 +228,9 @@ def _expert_cases(fqn: str, module: _FourOverSixExperts, x: torch.Tensor, num_to
     h1, h3 = (_gemm(x, w[n], offs, None).requires_grad_() for n in ("w1", "w3"))
     h = F.silu(h1) * h3
     d1, d3 = torch.autograd.grad(_gemm(h, w["w2"], offs, None), (h1, h3), dy)
-    return [GemmCase(f"{fqn}.w1", x, w["w1"], d1, module.recipe, offs),
-            GemmCase(f"{fqn}.w3", x, w["w3"], d3, module.recipe, offs),
-            GemmCase(f"{fqn}.w2", h.detach(), w["w2"], dy, module.recipe, offs)]
+    return [GemmCase(f"{fqn}.w1", x, w["w1"], d1, module.recipe, offs, dest),
+            GemmCase(f"{fqn}.w3", x, w["w3"], d3, module.recipe, offs, dest),
+            GemmCase(f"{fqn}.w2", h.detach(), w["w2"], dy, module.recipe, offs, dest)]
 
 
 class FidelityCapture:
