@@ -61,7 +61,8 @@ def plot(results: dict[str, dict[str, float]], path: Path, title: str) -> None:
 
     names = list(results)
     pos = list(range(len(names)))
-    panels = [("forward output SNR (dB)", ["fwd_snr_db"], False), ("relative quantization MSE", ["mse_x", "mse_w"], True),
+    panels = [("forward output SNR (dB)", ["fwd_snr_db"], False),
+              ("relative quantization MSE", ["mse_x", "mse_w"], True),
               ("1 - cos(dX)", [f"{m}_dx_cos" for m in BACKWARD_MODES[:2]], True),
               ("1 - cos(dW)", [f"{m}_dw_cos" for m in BACKWARD_MODES[:2]], True)]
     fig, axes = plt.subplots(4, 1, figsize=(max(8.0, 0.45 * len(names) + 3), 14), sharex=True)
