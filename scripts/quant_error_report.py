@@ -22,6 +22,7 @@ import torch
 
 from scripts.capture_tensors import BLOCK, Sample, capture_training_tensors
 from titan_fp4six import four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from titan_fp4six.modules.fidelity import relative_mse
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,6 @@ def quantize_dequantize(x: torch.Tensor, cfg: QuantConfig, group_rows: int = 0) 
     blocks = four_over_six_quantize(x, amax, block=cfg.block, err_mode=cfg.err_mode, scale_bound=cfg.scale_bound)
     xq = nvfp4_dequantize(blocks.codes, blocks.scales, amax, scale_bound=cfg.scale_bound)
     return xq, blocks.map4.float().mean().item()
-
-
-def relative_mse(x: torch.Tensor, xq: torch.Tensor) -> float:
-    x = x.double()
-    return ((xq.double() - x).pow(2).sum() / x.pow(2).sum().clamp_min(1e-300)).item()
 
 
 def synthetic_samples(rows: int = 1024, cols: int = 1024, seed: int = 0) -> list[Sample]:

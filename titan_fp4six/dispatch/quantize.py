@@ -66,7 +66,7 @@ def _columnwise_kernels(x: torch.Tensor, amax: torch.Tensor, quantizer: str):
     return kernels_for(x, quantizer, "quantize", check="eligible_columnwise") if amax.dim() == 0 else None
 
 
-def _padded_transpose(x: torch.Tensor) -> torch.Tensor:
+def padded_transpose(x: torch.Tensor) -> torch.Tensor:
     """x (M, K) -> x^T (K, ceil16(M)) with zero columns appended: zeros are transparent to the quantizers (they
     never raise a block amax, encode exactly and add +0 to both candidates' errors)."""
     extra = -x.shape[0] % BLOCK_SIZE
@@ -83,7 +83,7 @@ def run_four_over_six_columnwise(x: torch.Tensor, amax: torch.Tensor, err_mode: 
         dec, codes, scales, mask = kernels.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode,
                                                                              choose, map4)
         return codes, scales, mask, dec
-    return run_four_over_six(_padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose,
+    return run_four_over_six(padded_transpose(x), amax, "1x16", err_mode, scale_bound, quantizer, decode, choose,
                              map4=map4)
 
 
@@ -93,7 +93,7 @@ def run_nvfp4_columnwise(x: torch.Tensor, amax: torch.Tensor, quantizer: str, de
     if kernels is not None:
         dec, codes, scales = kernels.nvfp4_quantize_columnwise(x, amax, decode)
         return codes, scales, dec
-    return run_nvfp4(_padded_transpose(x), amax, quantizer, decode)
+    return run_nvfp4(padded_transpose(x), amax, quantizer, decode)
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str = "auto",

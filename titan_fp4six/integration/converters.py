@@ -21,7 +21,7 @@ from ..modules.weight_cache import invalidate_weight_caches
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..ops import blackwell
 from ..ops.gemm import check_environment
-from . import metrics
+from . import fidelity, metrics
 from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
 
@@ -102,6 +102,9 @@ def validate_job_config(job_config, kind: str):
                          "runs in eager mode only and torch.compile traces the dense Linears (routed experts stay "
                          f"eager: quantize.grouped_mm.{FAMILY}.cache_weights works with compile); set one of them "
                          "to false")
+    if cfg.fidelity_every and compile_cfg.enable and "model" in compile_cfg.components:
+        raise ValueError(f"{section}.fidelity_every = {cfg.fidelity_every} with compile.enable on the model: the "
+                         "fidelity capture hooks run in eager mode only; set fidelity_every = 0 or disable compile")
     if "cudagraph" in compile_cfg.backend or any("cudagraph" in p for p in getattr(compile_cfg, "passes", ())):
         raise ValueError(f"compile.backend={compile_cfg.backend!r} / compile.passes use CUDA graphs, which "
                          f"{section} cannot run under: the grouped path reads group sizes on the host and the "
@@ -188,6 +191,11 @@ class _Converter(QuantizationConverter):
         run_backward_on_calling_thread()  # torchtitan builds converters on the thread that trains
         hint_without_expandable_segments()
 
+    def attach_fidelity(self, model: nn.Module, converted: list[str]) -> None:
+        """fidelity_every > 0: measure the converted modules every N steps (integration/fidelity.py)."""
+        if self.cfg.fidelity_every and converted:
+            fidelity.attach(self.cfg.fidelity_every, [(fqn, model.get_submodule(fqn)) for fqn in converted])
+
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]):
         """The weights just changed: drop their cached quantizations (cache_weights)."""
         if self.cfg.cache_weights:
@@ -235,6 +243,7 @@ class FourOverSixLinearConverter(_Converter):
             raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
         check_not_empty(cfg, section, converted, "nn.Linear",
                         f"{section}.fqns / filter_fqns / bf16_first_layers / bf16_last_layers")
+        self.attach_fidelity(model, converted)
         logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})"
                     f"{_CACHED if cfg.cache_weights else ''}")
         if skipped:
@@ -277,6 +286,7 @@ class FourOverSixGroupedMMConverter(_Converter):
             raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
         check_not_empty(cfg, section, converted, "routed-experts module",
                         f"{section}.fqns / bf16_first_layers / bf16_last_layers")
+        self.attach_fidelity(model, converted)
         logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
                     f"token groups aligned to {cfg.pad_multiple} rows{_CACHED if cfg.cache_weights else ''}")
 

@@ -38,15 +38,18 @@ class _SectionBase:
     """Quantize each weight once per optimizer step and reuse it across gradient-accumulation micro-batches and
     activation-checkpoint recomputations (same results; holds ~1.6x the bf16 weights' bytes between steps;
     eager modules only: the linear section refuses it with compile.enable, routed experts stay eager)."""
+    fidelity_every: int = 0
+    """Every N steps, log the per-GEMM NVFP4 vs 4/6 fidelity metrics and map-to-4 fraction of this section's
+    modules on that step's batch to torchtitan's loggers (docs/fidelity_metrics.md); 0: off, no hooks."""
 
     SECTION = ""
     GROUPED = False
 
     def __post_init__(self):
         self.recipe()  # config-time validation, with the TOML keys named
-        for key in ("bf16_first_layers", "bf16_last_layers"):
+        for key in ("bf16_first_layers", "bf16_last_layers", "fidelity_every"):
             value = getattr(self, key)
-            if type(value) is not int or value < 0:  # bool and 2.0 are not layer counts
+            if type(value) is not int or value < 0:  # bool and 2.0 are not counts
                 raise ValueError(f"{self.SECTION}.{key}={value!r}; it must be an integer >= 0")
         for key in ("allow_empty", "cache_weights"):
             if type(getattr(self, key)) is not bool:

@@ -13,7 +13,8 @@ to `extra_metrics` (so tensorboard/wandb get it) and, through a logging filter h
 appends `four_over_six map4: <fraction>` to torchtitan's console step line. A second wrapper on
 `MetricsProcessor.should_log` (which torchtitan calls at the end of every step) turns the map-to-4 counting on
 for the steps that will be logged only, so the fraction is that of the logged step's forward quantizations
-and the other steps pay nothing for it.
+and the other steps pay nothing for it; it also hands the end of each step to the fidelity telemetry
+(fidelity.step_end, a no-op unless a section sets fidelity_every).
 """
 
 import functools
@@ -27,6 +28,7 @@ from torchtitan.tools.logging import logger
 from ..ops import blackwell
 from ..ops.recipe import FourOverSixRecipe
 from ..ops.stats import MAP4_STATS
+from . import fidelity
 
 MAP4_METRIC = "four_over_six/map4_fraction"
 
@@ -151,6 +153,7 @@ def install() -> None:
         # torchtitan asks at the end of every step: count map-to-4 blocks only during the steps that will be logged
         # (the counting costs a reduction launch per quantized operand; the steps in between need none)
         MAP4_STATS.enabled = original_should_log(self, step + 1)
+        fidelity.step_end(self, step)
         return original_should_log(self, step)
 
     MetricsProcessor.should_log = should_log

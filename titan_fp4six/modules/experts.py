@@ -60,6 +60,15 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
                        align: int = GROUP_ALIGN,
                        quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """Pad each expert's contiguous rows to a multiple of `align` (zeros), run, and drop the padding rows."""
+    x_padded, sizes, dest = pad_token_groups(x, num_tokens_per_expert, align)
+    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=x_padded.shape[0],
+                       quantized=quantized).index_select(0, dest)
+
+
+def pad_token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor,
+                     align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x with each expert's rows zero-padded to a multiple of `align`, the padded group sizes, the padded row of
+    each row of x): the layout the experts' grouped GEMMs run on without expert parallelism."""
     counts = num_tokens_per_expert.to(torch.int64)  # torchtitan's histc may hand floats
     sizes = (counts + align - 1) // align * align
     shift = (torch.cumsum(sizes, 0) - sizes) - (torch.cumsum(counts, 0) - counts)
@@ -67,8 +76,12 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
                                             output_size=x.shape[0])
     dest = shift[expert_of_row] + torch.arange(x.shape[0], device=x.device)
     total = int(sizes.sum())  # the one host sync of this path
-    x_padded = x.new_zeros(total, x.shape[1]).index_copy(0, dest, x)
-    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=total, quantized=quantized).index_select(0, dest)
+    return x.new_zeros(total, x.shape[1]).index_copy(0, dest, x), sizes, dest
+
+
+def ep_dispatched(module: nn.Module) -> bool:
+    """Whether expert parallelism's dispatcher already padded the token groups (torchtitan's test: an "ep" mesh)."""
+    return is_dtensor(module.w1) and "ep" in (module.w1.device_mesh.mesh_dim_names or ())
 
 
 class _FourOverSixExperts:
@@ -80,8 +93,7 @@ class _FourOverSixExperts:
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         weights = [local_weight(getattr(self, n), n, experts=True) for n in _NAMES]
-        # same test as torchtitan: an "ep" mesh means the dispatcher already padded the groups
-        dispatched = is_dtensor(self.w1) and "ep" in (self.w1.device_mesh.mesh_dim_names or ())
+        dispatched = ep_dispatched(self)
         *weights, x_in = autocast_operands(*weights, x)
         with no_autocast(x.device):
             quantized = _NO_CACHE if self.weight_cache is None else tuple(self._cached(n, w)

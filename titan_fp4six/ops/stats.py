@@ -10,6 +10,8 @@ Blocks of rows that are not tokens (past offs[-1] in grouped GEMMs) are not coun
 twice (activation checkpointing recomputes it) counts twice, in numerator and denominator alike.
 """
 
+import contextlib
+
 import torch
 
 from ..numerics.formats import map4_count_buffer, map4_total
@@ -30,6 +32,15 @@ class Map4Stats:
         if counts is None:
             counts = self._counts[device] = map4_count_buffer(device)
         return counts
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No counting inside: for GEMMs run beside training (fidelity metrics) that must not enter its fraction."""
+        enabled, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = enabled
 
     def read_and_reset(self) -> float | None:
         """Fraction of counted blocks that chose map-to-4 since the last call (None if nothing was counted)."""

@@ -1,0 +1,286 @@
+"""Per-GEMM fidelity of plain NVFP4 and four-over-six against the unquantized GEMM, on real operands.
+
+Why: loss curves of short runs cannot tell the formats apart (issue 33: seed noise exceeds every gap). These
+metrics are deterministic and local: for one GEMM's operands x, W and upstream gradient dy they measure how far
+each format's output, gradients and operand quantizations are from the unquantized GEMM on the same inputs.
+
+- `fwd_snr_db`: 10 log10(sum y_ref^2 / sum (y - y_ref)^2); y_ref the unquantized GEMM in the operands' dtype
+  (bf16 in GPU training), y the quantized op's output (bias excluded: the op adds it exactly).
+- `<mode>_dx_cos`, `<mode>_dx_norm_ratio` (|dX| / |dX_ref|), and the same for dW, per backward mode, against
+  the unquantized GEMM's gradients for the same dy (`quantized` only where defined: dense, per-tensor).
+- `mse_<role>`: relative quantization MSE sum (deq(q(t)) - t)^2 / sum t^2 of each operand the GEMMs quantize,
+  with the op's amax, block, bound and candidate choice: x, w, and where the quantized backward runs dy, dyT
+  (standard NVFP4), xT and wT (columnwise; 16x16 tiles transpose, so wT equals w there).
+- `map4_fraction`: share of x's and w's forward 1x16 blocks that store map-to-4.
+
+Variants: `four_over_six` is the module's recipe, `nvfp4` the same recipe with scope="none", scale_bound=448
+(plain NVFP4, docs/numerics.md). `FidelityCapture` measures a model's converted modules during a forward and
+backward: forward hooks keep each module's input, and when its output's gradient arrives (the weights still
+those of the forward) it computes the metrics of the module's GEMMs. Routed experts give three GEMMs (w1, w3,
+w2); the inner operands and gradients come from an unquantized rerun of the gated chain on the module's input.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from ..dispatch.quantize import padded_transpose
+from ..numerics.formats import STANDARD_BOUND
+from ..ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from .autocast import autocast_operands, no_autocast
+from .dtensor import local_weight
+from .experts import _FourOverSixExperts, ep_dispatched, pad_token_groups
+from .linear import FourOverSixLinear
+
+VARIANTS = ("nvfp4", "four_over_six")
+BACKWARD_MODES = ("quantized", "dequantized", "high_precision")
+_EXPERT_WEIGHTS = ("w1", "w3", "w2")  # forward order
+
+
+def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Signal-to-noise ratio of `out` against `ref` in dB (inf when equal, NaN when both are zero)."""
+    ref = ref.double()
+    signal, noise = ref.pow(2).sum().item(), (out.double() - ref).pow(2).sum().item()
+    if noise == 0:
+        return math.inf if signal > 0 else math.nan
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine similarity of two tensors as flat vectors (NaN if either is zero)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    norms = a.norm().item() * b.norm().item()
+    return a.dot(b).item() / norms if norms else math.nan
+
+
+def norm_ratio(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """|a| / |ref| (NaN for a zero ref)."""
+    ref_norm = ref.double().norm().item()
+    return a.double().norm().item() / ref_norm if ref_norm else math.nan
+
+
+def relative_mse(x: torch.Tensor, xq: torch.Tensor) -> float:
+    """sum((xq - x)^2) / sum(x^2): the quantization MSE relative to x's mean square (0 for an exact zero x)."""
+    x = x.double()
+    return ((xq.double() - x).pow(2).sum() / x.pow(2).sum().clamp_min(1e-300)).item()
+
+
+def variant_recipes(recipe: FourOverSixRecipe) -> dict[str, FourOverSixRecipe]:
+    """{variant: recipe}: plain NVFP4 (the recipe with scope="none", scale_bound=448) and the recipe itself."""
+    return {"nvfp4": replace(recipe, scope="none", scale_bound=STANDARD_BOUND), "four_over_six": recipe}
+
+
+@dataclass
+class GemmCase:
+    """One GEMM's operands: x (M, K) and dy (M, N) in the operands' dtype; w (N, K), or (E, N, K) experts with
+    offs the int32 inclusive group ends (offs[-1] == M). token_rows: the rows of x that are tokens where the others
+    are zero padding (they change no metric but would dilute the map-to-4 fraction); None: all."""
+
+    name: str
+    x: torch.Tensor
+    w: torch.Tensor
+    dy: torch.Tensor
+    recipe: FourOverSixRecipe
+    offs: torch.Tensor | None = None
+    token_rows: torch.Tensor | None = None
+
+    def __post_init__(self):
+        rows, n = self.x.shape[0], self.w.shape[-2]
+        if self.dy.shape != (rows, n):
+            raise ValueError(f"{self.name}: dy has shape {tuple(self.dy.shape)}; x {tuple(self.x.shape)} and w "
+                             f"{tuple(self.w.shape)} need (M, N) = ({rows}, {n})")
+        if self.offs is not None and int(self.offs[-1]) != rows:
+            raise ValueError(f"{self.name}: offs[-1]={int(self.offs[-1])} but x has {rows} rows; pass the token rows")
+
+    @property
+    def quantized_backward(self) -> bool:
+        """Whether backward='quantized' is defined here: a dense GEMM with per-tensor activations."""
+        return self.offs is None and not self.recipe.row_scaled
+
+
+def _gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None,
+          recipe: FourOverSixRecipe | None) -> torch.Tensor:
+    """x times w^T, dense (offs None) or grouped: unquantized (recipe None) or through the four-over-six op."""
+    if offs is None:
+        return F.linear(x, w) if recipe is None else four_over_six_linear(x, w, recipe=recipe)
+    w_t = w.transpose(-2, -1)
+    return torch._grouped_mm(x, w_t, offs=offs) if recipe is None else four_over_six_grouped_mm(x, w_t, offs,
+                                                                                                recipe=recipe)
+
+
+def _output_and_grads(case: GemmCase, recipe: FourOverSixRecipe | None):
+    x, w = case.x.detach().requires_grad_(), case.w.detach().requires_grad_()
+    y = _gemm(x, w, case.offs, recipe)
+    return (y.detach(), *torch.autograd.grad(y, (x, w), case.dy))
+
+
+def _four_over_six_error(t, amax, recipe: FourOverSixRecipe, block: str, choose: bool):
+    """(relative MSE, map-to-4 mask) of t quantized as the op quantizes it with these knobs."""
+    q = four_over_six_quantize(t, amax, block=block, err_mode=recipe.err_mode, scale_bound=recipe.scale_bound,
+                               quantizer=recipe.quantizer, choose=choose, validate_amax=False)
+    return relative_mse(t, nvfp4_dequantize(q.codes, q.scales, amax, scale_bound=recipe.scale_bound)), q.map4
+
+
+def _nvfp4_error(t, amax, recipe: FourOverSixRecipe) -> float:
+    """Relative MSE of t in standard NVFP4 (the quantized backward's gradient operand)."""
+    codes, scales = nvfp4_quantize(t, amax, quantizer=recipe.quantizer, validate_amax=False)
+    return relative_mse(t, nvfp4_dequantize(codes, scales, amax, scale_bound=STANDARD_BOUND))
+
+
+def _activation_amax(case: GemmCase, recipe: FourOverSixRecipe) -> torch.Tensor:
+    """x's amax as the op takes it: per row (row-scaled), per token group (experts) or per tensor."""
+    x = case.x
+    if recipe.row_scaled:
+        return row_amax(x)
+    if case.offs is None:
+        return tensor_amax(x)
+    sizes = torch.diff(case.offs, prepend=case.offs.new_zeros(1))
+    return group_amax(x, case.offs).repeat_interleave(sizes, output_size=x.shape[0])
+
+
+def _weight_rows(case: GemmCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w as quantized rows, its amax): (N, K) per tensor, or experts flattened to (E*N, K), one amax each."""
+    if case.offs is None:
+        return case.w, tensor_amax(case.w)
+    experts, n, k = case.w.shape
+    rows = case.w.reshape(experts * n, k)
+    ends = torch.arange(1, experts + 1, device=rows.device, dtype=torch.int32) * n
+    return rows, group_amax(rows, ends).repeat_interleave(n)
+
+
+def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float]:
+    """Relative quantization MSE per operand role and the forward's map-to-4 fraction under `recipe`."""
+    x_amax, (w, w_amax) = _activation_amax(case, recipe), _weight_rows(case)
+    mse_x, map4_x = _four_over_six_error(case.x, x_amax, recipe, "1x16", recipe.activations_choose)
+    map4_x = map4_x if case.token_rows is None else map4_x[case.token_rows]
+    mse_w, map4_w = _four_over_six_error(w, w_amax, recipe, recipe.weight_block, recipe.weights_choose)
+    out = {"map4_fraction": (map4_x.sum() + map4_w.sum()).item() / (map4_x.numel() + map4_w.numel()),
+           "mse_x": mse_x, "mse_w": mse_w}
+    if case.quantized_backward:
+        dy_amax = tensor_amax(case.dy)
+        out["mse_dy"] = _nvfp4_error(case.dy, dy_amax, recipe)
+        out["mse_dyT"] = _nvfp4_error(padded_transpose(case.dy), dy_amax, recipe)
+        out["mse_xT"] = _four_over_six_error(padded_transpose(case.x), x_amax, recipe, "1x16",
+                                             recipe.activations_choose)[0]
+        out["mse_wT"] = mse_w if recipe.weight_block == "16x16" else _four_over_six_error(
+            w.t().contiguous(), w_amax, recipe, "1x16", recipe.weights_choose)[0]
+    return out
+
+
+def gemm_fidelity(case: GemmCase) -> dict[str, float]:
+    """{"<metric>/<variant>": value} for both variants (the module docstring defines the metrics)."""
+    out = {}
+    with torch.enable_grad(), MAP4_STATS.paused():
+        y_ref, dx_ref, dw_ref = _output_and_grads(case, None)
+        for variant, recipe in variant_recipes(case.recipe).items():
+            metrics = operand_errors(case, recipe)
+            modes = [m for m in BACKWARD_MODES if m != "quantized" or case.quantized_backward]
+            for mode in modes:
+                y, dx, dw = _output_and_grads(case, replace(recipe, backward=mode))
+                if mode == modes[0]:  # the forward does not depend on the backward mode
+                    metrics["fwd_snr_db"] = snr_db(y_ref, y)
+                for name, g, ref in (("dx", dx, dx_ref), ("dw", dw, dw_ref)):
+                    metrics[f"{mode}_{name}_cos"] = cosine(g, ref)
+                    metrics[f"{mode}_{name}_norm_ratio"] = norm_ratio(g, ref)
+            out.update({f"{k}/{variant}": v for k, v in metrics.items()})
+    return out
+
+
+def mean_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per metric, the mean over the GEMMs that have a finite value (SNR: the mean of the dB values)."""
+    values: dict[str, list[float]] = {}
+    for metrics in results.values():
+        for key, value in metrics.items():
+            values.setdefault(key, [])
+            if math.isfinite(value):
+                values[key].append(value)
+    return {key: math.fsum(v) / len(v) if v else math.nan for key, v in values.items()}
+
+
+def converted_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(fqn, module) of every four-over-six Linear and routed-experts module of `model`."""
+    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, (FourOverSixLinear, _FourOverSixExperts))]
+
+
+def _linear_cases(fqn: str, module: FourOverSixLinear, x: torch.Tensor, w_dtype, dy) -> list[GemmCase]:
+    w = local_weight(module.weight, "weight").detach().to(w_dtype)
+    return [GemmCase(fqn, x, w, dy.reshape(-1, w.shape[0]).to(x.dtype), module.recipe)]
+
+
+def _expert_cases(fqn: str, module: _FourOverSixExperts, x: torch.Tensor, num_tokens_per_expert, w_dtype,
+                  dy) -> list[GemmCase]:
+    """w1, w3 and w2 of the gated chain in the module's token-group layout, their inner operands and gradients
+    from the unquantized chain for the module's output gradient."""
+    w = {n: local_weight(getattr(module, n), n, experts=True).detach().to(w_dtype) for n in _EXPERT_WEIGHTS}
+    dy = dy.to(x.dtype)
+    if ep_dispatched(module):
+        sizes, dest = num_tokens_per_expert, None
+    else:
+        x, sizes, dest = pad_token_groups(x, num_tokens_per_expert, module.pad_multiple)
+        dy = dy.new_zeros(x.shape[0], dy.shape[1]).index_copy(0, dest, dy)
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+    rows = int(offs[-1])
+    x, dy = x[:rows], dy[:rows]
+    h1, h3 = (_gemm(x, w[n], offs, None).requires_grad_() for n in ("w1", "w3"))
+    h = F.silu(h1) * h3
+    d1, d3 = torch.autograd.grad(_gemm(h, w["w2"], offs, None), (h1, h3), dy)
+    return [GemmCase(f"{fqn}.w1", x, w["w1"], d1, module.recipe, offs, dest),
+            GemmCase(f"{fqn}.w3", x, w["w3"], d3, module.recipe, offs, dest),
+            GemmCase(f"{fqn}.w2", h.detach(), w["w2"], dy, module.recipe, offs, dest)]
+
+
+class FidelityCapture:
+    """Measures the GEMMs of `modules` ((fqn, converted module) pairs) in the forward and backward passes run
+    while `active`: `take()` returns {gemm name: gemm_fidelity} in module order. A module is measured once per
+    take (the first micro-batch; a forward without gradient is skipped). unquantized_forward: the modules
+    compute what their unconverted parents compute (bf16 twin), so every captured input is the bf16 model's."""
+
+    def __init__(self, modules: list[tuple[str, nn.Module]], *, unquantized_forward: bool = False):
+        self.active = True
+        self._modules = modules
+        self._results: dict[str, dict[str, dict[str, float]]] = {}
+        self._handles = [m.register_forward_hook(self._forward_hook(fqn)) for fqn, m in modules]
+        self._unquantized = unquantized_forward
+        for _, m in modules if unquantized_forward else ():
+            m.forward = super(FourOverSixLinear if isinstance(m, FourOverSixLinear) else _FourOverSixExperts,
+                              m).forward
+
+    def _forward_hook(self, fqn: str):
+        def hook(module, args, output):
+            if not self.active or fqn in self._results or not output.requires_grad:
+                return
+            linear = isinstance(module, FourOverSixLinear)
+            # the dtypes the converted forward hands the op (autocast's), x as (tokens, K)
+            x, w = autocast_operands(args[0], module.weight if linear else module.w1)
+            x, w_dtype, extra = x.detach().reshape(-1, x.shape[-1]), w.dtype, args[1:]
+
+            def measure(dy):
+                with torch.enable_grad(), no_autocast(dy.device):
+                    cases = (_linear_cases if linear else _expert_cases)(fqn, module, x, *extra, w_dtype, dy)
+                    self._results[fqn] = {c.name: gemm_fidelity(c) for c in cases}
+
+            output.register_hook(measure)
+        return hook
+
+    def take(self) -> dict[str, dict[str, float]]:
+        """The measured GEMMs' metrics in module order; the capture starts over."""
+        results = [self._results.get(fqn, {}) for fqn, _ in self._modules]
+        self._results = {}
+        return {name: metrics for per_module in results for name, metrics in per_module.items()}
+
+    def remove(self) -> None:
+        """Drop the hooks (and the unquantized forwards)."""
+        for handle in self._handles:
+            handle.remove()
+        for _, m in self._modules if self._unquantized else ():
+            del m.forward
+
+    def __enter__(self) -> "FidelityCapture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
