@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The training-quality study behind docs/fidelity.md: `python -m titan_fp4six.compare` on the study setup for
 # each slice named, the slices side by side on one GPU (each takes an equal share of the CPU cores: the debug
-# models are host-bound). Re-running the same command trains only the runs not finished yet, so the study can
-# be spread over several machine sessions: bring OUT_DIR back and carry it to the next one.
-#   bash scripts/fidelity_study.sh OUT_DIR SLICE...
+# models are host-bound). The finished runs' logs live in docs/fidelity/runs/<slice>.tar.gz: the script
+# unpacks them into OUT_DIR first, trains only the runs not finished yet, and packs every finished run into
+# OUT_DIR/<slice>.tar.gz (copy it over the one in docs/fidelity/runs/). So the study grows over machine
+# sessions with the same command. Always use the same OUT_DIR (outputs/study): the logs record their paths.
+#   bash scripts/fidelity_study.sh outputs/study SLICE...
 # SLICE: qwen3_base (Qwen3 MoE debug, routed experts, the RL base point: row-scaled, high-precision backward),
 #        deepseek_base (DeepSeek-V3 debug, the same knobs), deepseek_all (DeepSeek-V3 debug, every dense Linear
 #        but the LM head and router plus the routed experts, quantized dense backward).
@@ -27,8 +29,13 @@ fi
 JOBS=$(( $(getconf _NPROCESSORS_ONLN) / $# ))  # before OMP_NUM_THREADS: nproc would count that instead
 [ "$JOBS" -ge 1 ] || JOBS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per run: more threads only contend on the host
+ARCHIVE=docs/fidelity/runs
 for slice in "$@"; do
   [ -n "${RECIPE[$slice]:-}" ] || { echo "unknown slice $slice; valid: ${!RECIPE[*]}" >&2; exit 2; }
+  mkdir -p "$OUT/$slice"
+  [ -f "$ARCHIVE/$slice.tar.gz" ] && tar xzf "$ARCHIVE/$slice.tar.gz" -C "$OUT/$slice" --skip-old-files
+done
+for slice in "$@"; do
   timeout "${BUDGET:-7200}" python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" \
     --jobs "$JOBS" "${STUDY[@]}" "${VARIANTS[@]}" > "$OUT/$slice.txt" 2>&1 &
 done
@@ -36,6 +43,7 @@ wait
 for slice in "$@"; do  # the report of what finished, also when BUDGET stopped a slice
   python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" "${STUDY[@]}" \
     "${VARIANTS[@]}" --report-only > /dev/null 2>&1
+  (cd "$OUT/$slice" && tar czf "../$slice.tar.gz" $(for e in runs/*.exit; do echo "$e" "${e%.exit}.log"; done))
   grep "^\[compare\]" "$OUT/$slice.txt" | tail -n 3
   [ -f "$OUT/$slice/compare.md" ] && cat "$OUT/$slice/compare.md"
 done

@@ -88,10 +88,11 @@ def summarize(outcomes: list[Outcome], variants: list[str]) -> list[VariantSumma
                 d_nv = [finals[NVFP4][s] - finals[BF16][s] for s in seeds]
                 d_v = [finals[v][s] - finals[BF16][s] for s in seeds]
                 closed = fieller_ratio([x - y for x, y in zip(d_nv, d_v)], d_nv)
-        norms = [g for o in mine for g in o.grad_norms.values() if math.isfinite(g)]
+        ended = [o for o in mine if o.status in ("ok", "diverged")]  # a partial run's spikes would skew the count
+        norms = [g for o in ended for g in o.grad_norms.values() if math.isfinite(g)]
         out.append(VariantSummary(
             v, len(mine), len(finals[v]), _maybe(list(finals[v].values())), gap_bf16, gap_nv, closed,
-            sum(len(o.spike_steps) for o in mine), max(norms, default=None),
+            sum(len(o.spike_steps) for o in ended), max(norms, default=None),
             [f"seed {o.seed}: {o.status}, {o.detail}" for o in mine if o.status != "ok"]))
     return out
 
@@ -120,14 +121,14 @@ def _ratio(r: Ratio | None) -> str:
     if r is None:
         return "-"
     if not r.bounded:
-        return f"{100 * r.value:.0f}% (interval unbounded: NVFP4's gap not distinguishable from 0, n={r.n})"
+        return f"not estimable: NVFP4's gap not distinguishable from 0 (n={r.n})"
     return f"{100 * r.value:.0f}% [{100 * r.low:.0f}%, {100 * r.high:.0f}%] (n={r.n})"
 
 
 def markdown(summaries: list[VariantSummary], outcomes: list[Outcome], setup: str) -> str:
     lines = [setup, "",
              "| variant | runs ok | final loss, mean [95% CI] | gap to bf16 (paired) | vs NVFP4 (paired) | "
-             "NVFP4 gap closed | grad-norm spikes, max norm | verdict vs bf16 | verdict vs NVFP4 |",
+             "NVFP4 gap closed | grad-norm spikes, max norm (finished runs) | verdict vs bf16 | verdict vs NVFP4 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in summaries:
         norm = f"{s.spikes}, {s.max_grad_norm:.2f}" if s.max_grad_norm is not None else f"{s.spikes}, -"

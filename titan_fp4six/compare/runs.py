@@ -53,7 +53,8 @@ class Job:
         return self.log.with_suffix(".exit")
 
     def header(self) -> str:
-        return "# " + shlex.join(self.command) + "\n"
+        """The log's first line: the command, with the interpreter as `python` (machines differ in its path)."""
+        return "# " + shlex.join(["python", *self.command[1:]]) + "\n"
 
     def done_before(self) -> bool:
         """Trained by an earlier invocation with the same command (its exit file written)."""
