@@ -19,9 +19,12 @@ declare -A RECIPE=([qwen3_base]=configs/qwen3_moe_debug_nvfp4_four_over_six.toml
                    [deepseek_base]=configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml
                    [deepseek_all]=configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml)
 # The study setup (docs/fidelity.md says why): 400 steps of 8 x 512 tokens from the 4.4M-token code corpus
-# (0.37 epoch: no sample repeats), lr 4e-4 after 40 warm-up steps, final loss = mean of the last 100 steps.
+# (0.37 epoch: no sample repeats), the peak lr of each slice after 40 warm-up steps, final loss = mean of the
+# last 100 steps.
+declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=4e-4 [deepseek_all]=4e-4)
 STUDY=(--seeds "${SEEDS:-5}" --steps 400 --tail 100 --training.dataset titan_fp4six_code
-       --training.local_batch_size 8 --training.seq_len 512 --optimizer.lr 4e-4 --lr_scheduler.warmup_steps 40)
+       --training.local_batch_size 8 --training.seq_len 512)
+WARMUP=(--lr_scheduler.warmup_steps 40)
 VARIANTS=()
 if [ "${BOUNDS:-0}" = 1 ]; then
   VARIANTS=(--variant "nvfp4 B256=nvfp4 scale_bound=256" --variant "4/6 B448=4/6 scale_bound=448")
@@ -37,12 +40,12 @@ for slice in "$@"; do
 done
 for slice in "$@"; do
   timeout "${BUDGET:-7200}" python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" \
-    --jobs "$JOBS" "${STUDY[@]}" "${VARIANTS[@]}" > "$OUT/$slice.txt" 2>&1 &
+    --jobs "$JOBS" "${STUDY[@]}" --optimizer.lr "${LR[$slice]}" "${WARMUP[@]}" "${VARIANTS[@]}" > "$OUT/$slice.txt" 2>&1 &
 done
 wait
 for slice in "$@"; do  # the report of what finished, also when BUDGET stopped a slice
   python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" "${STUDY[@]}" \
-    "${VARIANTS[@]}" --report-only > /dev/null 2>&1
+    --optimizer.lr "${LR[$slice]}" "${WARMUP[@]}" "${VARIANTS[@]}" --report-only > /dev/null 2>&1
   (cd "$OUT/$slice" && tar czf "../$slice.tar.gz" $(for e in runs/*.exit; do echo "$e" "${e%.exit}.log"; done))
   grep "^\[compare\]" "$OUT/$slice.txt" | tail -n 3
   [ -f "$OUT/$slice/compare.md" ] && cat "$OUT/$slice/compare.md"
