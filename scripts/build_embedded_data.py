@@ -38,16 +38,27 @@ def _prose(docstring: str) -> list[str]:
     return out
 
 
-def stdlib_documents() -> list[str]:
-    """One document per stdlib module: its docstring prose paragraphs in source order."""
+def _stdlib_sources() -> list[str]:
+    """The text of every standard-library Python file outside SKIP_DIRS that reads as UTF-8, in path order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
+    texts = []
     for path in sorted(root.rglob("*.py")):
         if SKIP_DIRS & set(path.relative_to(root).parts):
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return texts
+
+
+def stdlib_documents() -> list[str]:
+    """One document per stdlib module: its docstring prose paragraphs in source order."""
+    docs = []
+    for text in _stdlib_sources():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
             continue
         paras = []
         for node in ast.walk(tree):
@@ -60,15 +71,7 @@ def stdlib_documents() -> list[str]:
 
 def code_documents() -> list[str]:
     """The standard library's Python source files, whole, in a fixed shuffled order (same skipped folders)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        if SKIP_DIRS & set(path.relative_to(root).parts):
-            continue
-        try:
-            docs.append(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            continue
+    docs = _stdlib_sources()
     random.Random(0).shuffle(docs)
     return docs
 
