@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The performance table of docs/performance.md (issue 18) in one sitting on one GPU, every ratio against a twin
 # measured in the same invocation (about 12 minutes on an H200):
-#   1. kernels: the GEMM epilogue and row amax against a copy of the same bytes (scripts/bench_kernels.py);
+#   1. kernels: the GEMM epilogue and row amax against a copy of the same bytes (python -m scripts.bench kernels);
 #   2. ops: 1024^3 four_over_six_linear fwd+bwd per backward mode vs bf16 F.linear, public quantize host time
-#      (scripts/bench_ops.py);
+#      (python -m scripts.bench ops);
 #   3. recipes, eager, one after another: DeepSeek-V3 debug (all Linears + experts 4/6, quantized and dequantized
 #      backward), then Qwen3 MoE debug 4/6, each against its bf16 twin in a table of its own, each list REPEAT
 #      times over (default 2: these host-bound runs vary from run to run; scripts/throughput.py --repeat); then
@@ -26,8 +26,8 @@ DS=configs/deepseek_v3_debugmodel
 QW=configs/qwen3_moe_debug
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-part kernels && python3 scripts/bench_kernels.py --only epilogue --rounds 2 2>&1 | tee "$OUT/kernels.md"
-part ops && python3 scripts/bench_ops.py --json "$OUT/ops.json" 2>&1 | tee "$OUT/ops.txt"
+part kernels && python3 -m scripts.bench kernels --only epilogue --rounds 2 2>&1 | tee "$OUT/kernels.md"
+part ops && python3 -m scripts.bench ops --json "$OUT/ops.json" 2>&1 | tee "$OUT/ops.txt"
 # one table per model: throughput.py divides every run by the first of its invocation (the bf16 twin); the
 # DeepSeek runs take 3/5 of DEBUG_BUDGET, the Qwen3 pair the rest
 DEBUG_BUDGET=${DEBUG_BUDGET:-440}
