@@ -666,7 +666,7 @@ def parser() -> argparse.ArgumentParser:
 
     def add(name, fn, what):
         s = sub.add_parser(name, help=what, description=fn.__doc__)
-        s.set_defaults(run=fn)
+        s.set_defaults(handler=fn)
         return s
 
     s = add("throughput", cmd_throughput, "tokens/s and peak memory of recipes against the first, eager and compiled")
@@ -722,7 +722,7 @@ def main(argv=None) -> None:
     args = p.parse_args(own)
     if args.command == "perf" and set(args.parts) - set(PERF_PARTS):
         p.error(f"perf parts must be from {', '.join(PERF_PARTS)}; got {' '.join(args.parts)}")
-    args.run(args, common)
+    args.handler(args, common)
 
 
 if __name__ == "__main__":

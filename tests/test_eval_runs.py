@@ -90,3 +90,14 @@ def test_benchmark_flavor_is_30b_a3b_with_four_layers():
         model = get_train_spec("qwen3").model_cls(flavor)
     params = sum(p.numel() for p in model.parameters())
     assert 2.5e9 < params < 4e9  # fp32 weights + grads + AdamW state (16 B/param) stay well under 141 GB
+
+
+def test_cli_parses_every_subcommand_and_keeps_trainer_overrides():
+    p = runs.parser()
+    args = p.parse_args(["throughput", "--out", "o", "--run", "bf16=configs/x.toml", "--run", "4/6=configs/y.toml"])
+    assert callable(args.handler) and [r.label for r in args.run] == ["bf16", "4/6"]  # --run does not shadow it
+    for argv in (["profile", "o", "configs/x.toml"], ["perf", "o", "ops", "debug"], ["table", "o"],
+                 ["parity", "--global-batch", "8", "--out", "o"], ["compile-parity", "o"], ["rl-signal", "--mode", "grpo"]):
+        assert callable(p.parse_args(argv).handler), argv
+    with pytest.raises(SystemExit):
+        runs.main(["perf", "o", "bogus"])
