@@ -1,1 +1,2 @@
-"""Benchmarks, reports and run drivers; run from the repository root as `python3 -m scripts.<name>`."""
+"""User tools: benchmarks (`scripts.bench`), run drivers (`scripts.runs`) and reports (`scripts.report`); run from
+the repository root as `python3 -m scripts.<name> <subcommand>`."""

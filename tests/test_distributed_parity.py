@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import parity_runs
+from scripts import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,13 +42,13 @@ def _scaling(mode: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
-    return parity_runs.seed_checkpoint([*ARGS, "--experimental.custom_import", parity_runs.PARITY_IMPORT],
+    return runs.seed_checkpoint([*ARGS, "--experimental.custom_import", runs.PARITY_IMPORT],
                                        tmp_path_factory.mktemp("seed"), env=ENV)
 
 
 def _compare(seed, tmp_path, scaling):
-    result = parity_runs.compare([*ARGS, *_scaling(scaling)], FSDP_EP, nproc=2, global_batch=4, steps=STEPS,
-                                 out=tmp_path, seed=seed, env=ENV)
+    result = runs.compare_processes([*ARGS, *_scaling(scaling)], FSDP_EP, nproc=2, global_batch=4, steps=STEPS,
+                                    out=tmp_path, seed=seed, env=ENV)
     assert sorted(result.losses_1) == sorted(result.losses_n) == list(range(1, STEPS + 1))
     return result
 

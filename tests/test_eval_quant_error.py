@@ -1,4 +1,4 @@
-"""Quantization-error report (scripts/quant_error_report.py) and tensor capture (scripts/capture_tensors.py)."""
+"""Quantization-error report and its tensor capture (`python -m scripts.report quant-error`)."""
 
 import itertools
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from scripts import capture_tensors as cap
-from scripts import quant_error_report as qer
-from titan_fp4six import four_over_six_quantize
+from scripts import report
+from titan_fp4six import four_over_six_quantize, tensor_amax
+from titan_fp4six.modules.fidelity import relative_mse
 from titan_fp4six.numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS
 
 
@@ -24,43 +24,43 @@ def test_configs_are_every_knob_setting_the_quantizer_accepts():
     accepted = set()
     for scaling, block, err_mode, bound in itertools.product(("tensor", "row"), BLOCKS, ERR_MODES, SCALE_BOUNDS):
         try:
-            four_over_six_quantize(x, qer.amax_for(x, scaling), block=block, err_mode=err_mode, scale_bound=bound)
+            four_over_six_quantize(x, report.amax_for(x, scaling), block=block, err_mode=err_mode, scale_bound=bound)
         except ValueError:
             continue
         accepted.add(("4/6", scaling, block, err_mode, bound))
     assert ("4/6", "row", "16x16", "mse", 256) not in accepted and len(accepted) > len(SCALE_BOUNDS)
     accepted |= {("nvfp4", scaling, "1x16", "mse", 448) for scaling in ("tensor", "row")}
-    configs = [(c.method, c.scaling, c.block, c.err_mode, c.scale_bound) for c in qer.default_configs()]
+    configs = [(c.method, c.scaling, c.block, c.err_mode, c.scale_bound) for c in report.default_configs()]
     assert len(configs) == len(set(configs)) and set(configs) == accepted
-    labels = [c.label for c in qer.default_configs()]
+    labels = [c.label for c in report.default_configs()]
     assert len(set(labels)) == len(labels)
 
 
 def test_relative_mse_definition():
     x = _gauss()
-    assert qer.relative_mse(x, x) == 0.0
-    assert qer.relative_mse(x, torch.zeros_like(x)) == pytest.approx(1.0)
-    assert qer.relative_mse(x, 2 * x) == pytest.approx(1.0)
+    assert relative_mse(x, x) == 0.0
+    assert relative_mse(x, torch.zeros_like(x)) == pytest.approx(1.0)
+    assert relative_mse(x, 2 * x) == pytest.approx(1.0)
 
 
 def test_nvfp4_error_level_and_no_map4():
     x = _gauss()
-    xq, map4 = qer.quantize_dequantize(x, qer.QuantConfig("nvfp4"))
+    xq, map4 = report.quantize_dequantize(x, report.QuantConfig("nvfp4"))
     assert math.isnan(map4)
     # E2M1 with an E4M3 block scale: a few 1e-3 relative MSE on Gaussian data, never exact, never garbage
-    assert 1e-3 < qer.relative_mse(x, xq) < 3e-2
+    assert 1e-3 < relative_mse(x, xq) < 3e-2
 
 
 @pytest.mark.parametrize("bound", [256, 448])
 def test_four_over_six_beats_nvfp4_on_gaussian_and_reports_map4(bound):
     x = _gauss(256, 256)
-    base, _ = qer.quantize_dequantize(x, qer.QuantConfig("nvfp4"))
-    cfg = qer.QuantConfig("4/6", "tensor", "1x16", "mse", bound)
-    xq, map4 = qer.quantize_dequantize(x, cfg)
+    base, _ = report.quantize_dequantize(x, report.QuantConfig("nvfp4"))
+    cfg = report.QuantConfig("4/6", "tensor", "1x16", "mse", bound)
+    xq, map4 = report.quantize_dequantize(x, cfg)
     # dequantizing with the wrong bound would scale every value by 256/448 and blow this up
-    assert qer.relative_mse(x, xq) < qer.relative_mse(x, base)
-    amax = qer.tensor_amax(x)
-    expected = qer.four_over_six_quantize(x, amax, block="1x16", err_mode="mse", scale_bound=bound).map4
+    assert relative_mse(x, xq) < relative_mse(x, base)
+    amax = tensor_amax(x)
+    expected = four_over_six_quantize(x, amax, block="1x16", err_mode="mse", scale_bound=bound).map4
     assert map4 == pytest.approx(expected.float().mean().item())
     assert 0.0 < map4 < 1.0
 
@@ -68,32 +68,32 @@ def test_four_over_six_beats_nvfp4_on_gaussian_and_reports_map4(bound):
 def test_group_amax_is_one_per_row_group():
     x = _gauss(64, 32)
     x[16:32] *= 10
-    amax = qer.amax_for(x, "tensor", group_rows=16)
+    amax = report.amax_for(x, "tensor", group_rows=16)
     assert amax.shape == (64,) and amax.dtype == torch.float32
     for g in range(4):
         assert torch.equal(amax[16 * g:16 * (g + 1)], x[16 * g:16 * (g + 1)].abs().max().expand(16))
-    assert torch.equal(qer.amax_for(x, "row"), x.abs().amax(dim=1))
-    assert qer.amax_for(x, "tensor").dim() == 0
+    assert torch.equal(report.amax_for(x, "row"), x.abs().amax(dim=1))
+    assert report.amax_for(x, "tensor").dim() == 0
 
 
 def test_synthetic_distributions_differ_in_tails():
-    samples = qer.synthetic_samples(128, 128, seed=1)
+    samples = report.synthetic_samples(128, 128, seed=1)
     kurt = {s.source: (s.x.pow(4).mean() / s.x.pow(2).mean() ** 2).item() for s in samples}
     assert kurt["gaussian"] == pytest.approx(3.0, abs=0.3)
     assert kurt["heavy-tailed"] > kurt["gaussian"] and kurt["outlier-rich"] > kurt["gaussian"]
 
 
 def test_summary_table_and_plots(tmp_path):
-    samples = qer.synthetic_samples(64, 64) + [cap.Sample("weight", "w", 3, _gauss(32, 32))]
-    configs = [qer.QuantConfig("nvfp4"), qer.QuantConfig("4/6", "tensor", "16x16", "mae", 256)]
-    records = qer.evaluate(samples, configs)
+    samples = report.synthetic_samples(64, 64) + [report.Sample("weight", "w", 3, _gauss(32, 32))]
+    configs = [report.QuantConfig("nvfp4"), report.QuantConfig("4/6", "tensor", "16x16", "mae", 256)]
+    records = report.evaluate(samples, configs)
     assert len(records) == len(samples) * len(configs)
-    summary = qer.summarize(records)
-    table = qer.markdown_table(summary)
+    summary = report.summarize(records)
+    table = report.markdown_table(summary)
     assert table.count("(1.00x)") == 4  # the baseline row, one per source
     assert "m4 " in table.splitlines()[-1] and "m4 " not in table.splitlines()[2]
     pytest.importorskip("matplotlib")
-    assert all(p.stat().st_size > 0 for p in qer.plot(summary, records, tmp_path, baseline="NVFP4 tensor")[:1])
+    assert all(p.stat().st_size > 0 for p in report.plot_quant_error(summary, records, tmp_path, baseline="NVFP4 tensor")[:1])
 
 
 class _Experts(nn.Module):
@@ -127,8 +127,8 @@ def test_recorder_captures_operands_and_output_gradients():
     torch.manual_seed(0)
     model = nn.Module()
     model.layers = nn.ModuleDict({"0": _Block()})
-    recorder = cap._Recorder(max_rows=32)
-    cap.attach(model, ["0"], recorder)
+    recorder = report._Recorder(max_rows=32)
+    report.attach(model, ["0"], recorder)
     x = torch.randn(2, 24, 16)
     proj_out = {}
 

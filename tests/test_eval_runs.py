@@ -1,9 +1,10 @@
-"""Loss-curve and throughput scripts (log parsing, gaps, ratios) and the benchmark flavor."""
+"""The run drivers of scripts.runs (run specs, throughput summaries and ratios) and the benchmark flavor."""
 
 import pytest
 import torch
 
-from scripts import loss_curves, throughput, titan_runs
+from scripts import runs
+from titan_fp4six.compare.runs import parse_steps
 
 STEP_LINE = ("[titan] 2026-11-30 05:13:41,183 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:8.5f}  "
              "\x1b[38;2;180;60;0mgrad_norm:  1.5492  \x1b[38;2;54;234;195mmemory: {mem:5.2f}GiB(4.72%)  "
@@ -18,7 +19,7 @@ def _log(rows):
 
 
 def test_parse_steps_reads_colored_step_lines():
-    rows = titan_runs.parse_steps(_log([(1, 8.25, 1.5, 12345, 3.1), (2, 7.5, 2.25, 999, 0.5)]))
+    rows = parse_steps(_log([(1, 8.25, 1.5, 12345, 3.1), (2, 7.5, 2.25, 999, 0.5)]))
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["loss"] == 8.25 and rows[0]["tps"] == 12345 and rows[0]["memory"] == 1.5
     assert rows[1]["mfu"] == 0.5 and rows[1]["grad_norm"] == pytest.approx(1.5492)
@@ -26,45 +27,24 @@ def test_parse_steps_reads_colored_step_lines():
 
 
 def test_run_spec_parsing_and_command():
-    run = titan_runs.Run.parse("4/6 B448=configs/x.toml --quantize.linear.four_over_six.scale_bound 448")
+    run = runs.Run.parse("4/6 B448=configs/x.toml --quantize.linear.four_over_six.scale_bound 448")
     assert run.label == "4/6 B448" and run.config == "configs/x.toml"
     assert run.overrides == ["--quantize.linear.four_over_six.scale_bound", "448"]
     assert run.slug == "4_6_B448"
-    cmd = titan_runs.command(run, ["--training.steps", "3"])
+    cmd = runs.command(run, ["--training.steps", "3"])
     assert cmd[1:3] == ["-m", "titan_fp4six.train"] and cmd[-2:] == run.overrides
     with pytest.raises(ValueError, match="LABEL=CONFIG"):
-        titan_runs.Run.parse("configs/x.toml")
+        runs.Run.parse("configs/x.toml")
     with pytest.raises(ValueError, match=".toml"):
-        titan_runs.Run.parse("a=--training.steps 3")
-
-
-def test_final_gap_uses_the_common_tail():
-    base = {"loss": {s: 5.0 for s in range(1, 31)}}
-    other = {"loss": {s: 5.0 + (0.1 if s > 10 else 1.0) for s in range(1, 26)}}  # stopped at step 25
-    gap = loss_curves.final_gap(base, other, tail=10)
-    assert gap["steps"] == 10 and gap["last_step"] == 25
-    assert gap["gap"] == pytest.approx(0.1)
-    assert loss_curves.final_gap(base, {"loss": {}})["steps"] == 0
-
-
-def test_loss_table_and_plot(tmp_path):
-    results = {"bf16": {"loss": {s: 8.0 - s * 0.01 for s in range(1, 41)}, "exit_code": 0},
-               "4/6": {"loss": {s: 8.05 - s * 0.01 for s in range(1, 41)}, "exit_code": 0,
-                       "map4": {1: 0.1, 2: 0.2}},
-               "broken": {"loss": {}, "exit_code": 1}}
-    md = loss_curves.markdown("m", results)
-    assert "+0.0500 | 15.0% |" in md and "| broken | 0 | 1 | - | - | - |" in md
-    pytest.importorskip("matplotlib")
-    loss_curves.plot("m", results, tmp_path / "m.png")
-    assert (tmp_path / "m.png").stat().st_size > 0
+        runs.Run.parse("a=--training.steps 3")
 
 
 def test_throughput_summary_skips_warmup_and_takes_peak_memory():
-    rows = titan_runs.parse_steps(_log([(1, 9.0, 10.0, 5, 0.1), (2, 8.0, 30.0, 100, 1.0),
+    rows = parse_steps(_log([(1, 9.0, 10.0, 5, 0.1), (2, 8.0, 30.0, 100, 1.0),
                                         (3, 7.0, 20.0, 120, 1.2), (4, 6.0, 20.0, 110, 1.1)]))
-    s = throughput.summarize(rows, warmup=1)
+    s = runs.steady_state(rows, warmup=1)
     assert s["tps"] == 110 and s["memory_gib"] == 30.0 and s["mfu"] == pytest.approx(1.1)
-    assert throughput.summarize(rows, warmup=4)["tps"] is None
+    assert runs.steady_state(rows, warmup=4)["tps"] is None
 
 
 def test_throughput_table_ratios():
@@ -73,7 +53,7 @@ def test_throughput_table_ratios():
 
     results = {"bf16 | eager": r(1000, 50), "4/6 | eager": r(800, 55), "bf16 | compiled": r(1250, 40),
                "4/6 | compiled": {"tps": None, "memory_gib": None, "exit_code": -15}}
-    lines = throughput.table(results).splitlines()
+    lines = runs.throughput_table(results).splitlines()
     assert "| bf16 | compiled | 1,250 | 1.00x | 1.25x |" in lines[3]  # grouped by run, then mode
     assert "| 4/6 | eager | 800 | 0.80x | 0.80x | 55.0 | 1.10x |" in lines[4]
     assert "failed (exit -15)" in lines[5]
@@ -84,13 +64,13 @@ def test_throughput_repeats_pair_trials_run_back_to_back():
         return {"tps": tps, "memory_gib": mem, "mfu": tps and tps / 100, "exit_code": 0}
 
     # the host slows down in the second repetition: the paired ratios see 0.80 both times, the medians 0.67
-    results = {"bf16 | eager": throughput.combine([t(1000, 50), t(600, 51)]),
-               "4/6 | eager": throughput.combine([t(800, 55), t(480, 54)])}
+    results = {"bf16 | eager": runs.combine([t(1000, 50), t(600, 51)]),
+               "4/6 | eager": runs.combine([t(800, 55), t(480, 54)])}
     assert results["4/6 | eager"]["tps"] == 640 and results["4/6 | eager"]["memory_gib"] == 55
-    lines = throughput.table(results).splitlines()
+    lines = runs.throughput_table(results).splitlines()
     assert "| 4/6 | eager | 640 (trials 480-800) | 0.80x (0.80-0.80) |" in lines[3]
-    results["4/6 | eager"] = throughput.combine([t(800, 55), t(300, 54), t(None, None)])
-    md = throughput.table(results)
+    results["4/6 | eager"] = runs.combine([t(800, 55), t(300, 54), t(None, None)])
+    md = runs.throughput_table(results)
     assert "0.65x (0.50-0.80)" in md and "(trials 300-800)" in md  # the failed trial has no pair and no tps
 
 
@@ -110,3 +90,14 @@ def test_benchmark_flavor_is_30b_a3b_with_four_layers():
         model = get_train_spec("qwen3").model_cls(flavor)
     params = sum(p.numel() for p in model.parameters())
     assert 2.5e9 < params < 4e9  # fp32 weights + grads + AdamW state (16 B/param) stay well under 141 GB
+
+
+def test_cli_parses_every_subcommand_and_keeps_trainer_overrides():
+    p = runs.parser()
+    args = p.parse_args(["throughput", "--out", "o", "--run", "bf16=configs/x.toml", "--run", "4/6=configs/y.toml"])
+    assert callable(args.handler) and [r.label for r in args.run] == ["bf16", "4/6"]  # --run does not shadow it
+    for argv in (["profile", "o", "configs/x.toml"], ["perf", "o", "ops", "debug"], ["table", "o"],
+                 ["parity", "--global-batch", "8", "--out", "o"], ["compile-parity", "o"], ["rl-signal", "--mode", "grpo"]):
+        assert callable(p.parse_args(argv).handler), argv
+    with pytest.raises(SystemExit):
+        runs.main(["perf", "o", "bogus"])

@@ -1,12 +1,12 @@
-"""scripts.parity: every DP rank trains on its rows of the one-rank global batch."""
+"""titan_fp4six.integration.parity: every DP rank trains on its rows of the one-rank global batch."""
 
 import torch
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.config.manager import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
-from scripts import parity
-from titan_fp4six.integration.data import DATASET, EMBEDDED_DIR
+from titan_fp4six.integration import parity
+from titan_fp4six.integration.data import DATASET, EMBEDDED_DIR, register
 
 
 class _Numbers:
@@ -58,6 +58,7 @@ def _job(local_batch):
 def test_registered_for_the_moe_models_and_batches_the_embedded_corpus():
     for name in ("deepseek_v3", "qwen3"):
         assert get_train_spec(name).build_dataloader_fn is parity.build_global_batch_dataloader
+    register()  # the embedded corpus, as the plugin's config module and launcher register it
     tokenizer = HuggingFaceTokenizer(str(EMBEDDED_DIR))
     one = next(iter(parity.build_global_batch_dataloader(1, 0, tokenizer, _job(4))))[0]["input"]
     halves = [next(iter(parity.build_global_batch_dataloader(2, r, tokenizer, _job(2))))[0]["input"] for r in (0, 1)]

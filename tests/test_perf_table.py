@@ -1,8 +1,8 @@
-"""scripts/perf_table.py: issue 18's table from a perf_h200.sh output directory."""
+"""`python -m scripts.runs table`: the performance table from a `perf` output directory."""
 
 import json
 
-from scripts import perf_table
+from scripts import runs
 
 
 def _run(tps, mem, *more_tps):
@@ -24,7 +24,7 @@ def test_rows_ratios_targets_and_parts_not_run(tmp_path):
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.profile.json").write_text(
         json.dumps({"gpu_busy": 0.5, "kernels": 3000, "wall_ms": 150.0}))
-    md, bars = perf_table.build(tmp_path)
+    md, bars = runs.build_table(tmp_path)
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in md.splitlines()[2:]}
     # paired per repetition: 0.93 and 0.85, median 0.89
     assert rows["qwen3_moe_debug 4/6 / bf16"] == ["0.89 (pairs 0.93, 0.85)", ">= 0.9", "no |"]

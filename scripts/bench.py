@@ -1,0 +1,545 @@
+"""Benchmarks of the quantizer kernels and the four-over-six ops, every figure a ratio measured in the same run.
+
+    python -m scripts.bench quantize [--rep-ms 200] [--rounds 3]    # Triton 4/6 quantizer vs copy, reference, NVFP4
+    python -m scripts.bench kernels [--only operands|epilogue]      # fused operand kernels, epilogue, row amax
+    python -m scripts.bench gemm [--quick]                          # fwd+bwd of the GEMMs at model shapes vs bf16
+    python -m scripts.bench ops [--iters 50] [--json OUT.json]      # 1024^3 linear per backward mode, public quantize
+    python -m scripts.bench warm [--jobs 16]                        # compile the quantizer variants in parallel
+
+`quantize` and `kernels` need a CUDA device; `gemm` and `ops` run anywhere (on the CPU as smoke tests), `warm`
+fills Triton's cache on a CUDA device so tests and benchmarks start without compiling kernels one after another.
+Kernel times are medians of `do_bench`, the least over --rounds rounds that time a case's kernels in turn: the
+GPU now and then runs one kernel slow for a whole measurement (seen on the NVFP4 kernel: 0.10 instead of 0.08
+ms), which would otherwise decide a ratio.
+"""
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from titan_fp4six import (FourOverSixRecipe, dispatch, four_over_six_grouped_mm, four_over_six_linear,
+                          four_over_six_quantize, numerics, tensor_amax)
+from titan_fp4six.numerics import reference
+
+
+def _needs_cuda(command: str) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit(f"scripts.bench {command} needs a CUDA device")
+
+
+def _ms(fn, rep_ms: float) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=max(rep_ms / 4, 10), rep=rep_ms, return_mode="median")
+
+
+def _least_of_rounds(fns: dict, rep_ms: float, rounds: int) -> dict:
+    """Each function's median time, the least over `rounds` rounds that time the functions in turn."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], _ms(fn, rep_ms))
+    return best
+
+
+def _copy(nbytes: int):
+    """A device-to-device copy that reads nbytes/2 and writes nbytes/2: the same traffic as nbytes moved."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b))
+
+
+def _header(rounds: int) -> None:
+    import triton
+
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | bf16 input, "
+          f"mse, B=256 | least of {rounds} rounds' medians of do_bench")
+
+
+# --- quantize: the 4/6 quantizer against a copy of its bytes, the reference and the NVFP4 kernel ---------------
+
+QUANTIZE_CASES = (  # (rows, cols, amax mode, block)
+    (16384, 7168, "tensor", "1x16"),
+    (16384, 7168, "tensor", "16x16"),
+    (8192, 5120, "tensor", "1x16"),
+    (8192, 5120, "tensor", "16x16"),
+    (16384, 7168, "row", "1x16"),
+)
+
+
+def quantize_case(rows, cols, mode, block, rep_ms, rounds):
+    from titan_fp4six.kernels import amax as kamax
+    from titan_fp4six.kernels import quantize as kq
+
+    x = torch.randn(rows, cols, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    amax = dispatch.row_amax(x) if mode == "row" else dispatch.tensor_amax(x)
+    n = rows * cols
+    quant_bytes = n * 2 + n // 2 + 2 * (n // 16)  # read bf16 x; write codes, scales, map4 (amax is negligible)
+    dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
+    t = _least_of_rounds({
+        "fos": lambda: kq.four_over_six_quantize(x, amax, block, "mse", 256),
+        "fused": lambda: kq.four_over_six_quantize_decode(x, amax, block, "mse", 256),
+        "std": lambda: kq.nvfp4_quantize(x, amax),
+        "copy_q": _copy(quant_bytes),
+        "copy_d": _copy(dec_bytes),
+        "amax_kernel": lambda: kamax.row_amax(x) if mode == "row" else kamax.tensor_amax(x),
+        "amax_torch": lambda: x.abs().amax(dim=-1 if mode == "row" else None).float(),
+    }, rep_ms, rounds)
+    fos, fused, std, copy_q, copy_d = t["fos"], t["fused"], t["std"], t["copy_q"], t["copy_d"]
+    ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 2)
+    exact = _same(kq.four_over_six_quantize(x, amax, block, "mse", 256),
+                  reference.four_over_six_reference(x, amax, block, "mse", 256))
+    print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e6:6.0f} GB/s "
+          f"= {copy_q / fos:5.1%} of copy | ref {ref:8.2f} ms x{ref / fos:6.1f} bitwise={exact} | "
+          f"NVFP4 {std:6.3f} ms, 4/6 / NVFP4 = {fos / std:4.2f} | fused decode {fused:6.3f} ms "
+          f"({copy_d / fused:5.1%} of copy), fused / quantize = {fused / fos:4.2f} | "
+          f"amax {t['amax_kernel']:6.3f} ms vs torch {t['amax_torch']:6.3f} ms", flush=True)
+
+
+def exact_path_cost(rep_ms):
+    """The worst case: data outside the fast path's range (an amax so small that every chunk runs the exact
+    arithmetic) against the same tensor's fast path."""
+    from titan_fp4six.kernels import quantize as kq
+
+    x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    amax = dispatch.tensor_amax(x)
+    fast = _ms(lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256), rep_ms)
+    tiny = torch.tensor(1e-30, device="cuda")
+    slow = _ms(lambda: kq.four_over_six_quantize(x, tiny, "1x16", "mse", 256), rep_ms)
+    print(f"16384x7168 1x16, every chunk on the exact path (amax 1e-30): {slow:.3f} ms = "
+          f"{slow / fast:.1f}x the fast path")
+
+
+def cmd_quantize(args):
+    _needs_cuda("quantize")
+    _header(args.rounds)
+    for case in QUANTIZE_CASES:
+        quantize_case(*case, args.rep_ms, args.rounds)
+    exact_path_cost(args.rep_ms)
+
+
+# --- kernels: each operand kernel against a copy of its bytes and the unfused composition it replaces ----------
+
+KERNEL_SHAPES = ((16384, 7168), (8192, 5120), (4100, 2048))
+GROUPED_PRODUCT = (64, 131072, 768)  # Qwen3 MoE debug experts: 64 experts, 16384 tokens x top-8, moe_inter_dim 768
+DENSE_PRODUCT = (16384, 1024)
+
+
+def _kernel_row(name, nbytes, t_kernel, t_copy, t_unfused, exact):
+    print(f"| {name} | {t_kernel:.3f} | {t_copy / t_kernel:6.1%} | {t_unfused:.3f} | {t_unfused / t_kernel:5.2f}x "
+          f"| {nbytes / 1e6:.0f} | {exact} |", flush=True)
+
+
+def operand_kernels(m, k, rep_ms, rounds):
+    """NVFP4 quantize + decode fused; columnwise 4/6 and NVFP4 (x^T read in place) with and without the decode,
+    against pad + transpose + contiguous then the row-major kernel; decode and dequantize against numerics'."""
+    from titan_fp4six.kernels import decode as kd
+    from titan_fp4six.kernels import quantize as kq
+
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    amax = numerics.tensor_amax(x)
+    n, mp = m * k, -(-m // 16) * 16
+    np_ = mp * k  # elements of the padded transpose
+    q46 = lambda e: e * 2 + e // 2 + 2 * (e // 16)  # noqa: E731  bf16 read; codes, scales, map4 written
+    qnv = lambda e: e * 2 + e // 2 + e // 16  # noqa: E731
+
+    def transposed():
+        return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
+
+    fns = {
+        "nv_dec": lambda: kq.nvfp4_quantize_decode(x, amax),
+        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.nvfp4_quantize(x, amax)[:2]),
+        "col46": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, False),
+        "col46_unfused": lambda: kq.four_over_six_quantize(transposed(), amax, "1x16", "mse", 256),
+        "col46d": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True),
+        "col46d_unfused": lambda: kq.four_over_six_quantize_decode(transposed(), amax, "1x16", "mse", 256),
+        "colnv": lambda: kq.nvfp4_quantize_columnwise(x, amax, False),
+        "colnv_unfused": lambda: kq.nvfp4_quantize(transposed(), amax),
+        "colnvd": lambda: kq.nvfp4_quantize_columnwise(x, amax, True),
+        "colnvd_unfused": lambda: kq.nvfp4_quantize_decode(transposed(), amax),
+    }
+    codes, scales = kq.nvfp4_quantize(x, amax)
+    fns.update({
+        "dec": lambda: kd.decode_block_scaled(codes, scales),
+        "dec_unfused": lambda: numerics.decode_block_scaled(codes, scales),
+        "deq": lambda: kd.nvfp4_dequantize(codes, scales, amax, 448, torch.bfloat16),
+        "deq_unfused": lambda: numerics.nvfp4_dequantize(codes, scales, amax, scale_bound=448, dtype=torch.bfloat16),
+    })
+    sizes = {"nv_dec": qnv(n) + 2 * n, "col46": q46(n), "col46d": q46(np_) + 2 * np_, "colnv": qnv(np_),
+             "colnvd": qnv(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n, "deq": n // 2 + n // 16 + 2 * n}
+    for name, nbytes in sizes.items():
+        fns["copy_" + name] = _copy(nbytes)
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    exact = {
+        "nv_dec": _same(fns["nv_dec"](), (fns["nv_dec_unfused"](), codes, scales)),
+        "col46": _same(fns["col46"]()[1:], fns["col46_unfused"]()),
+        "col46d": _same(fns["col46d"](), fns["col46d_unfused"]()),
+        "colnv": _same(fns["colnv"]()[1:], fns["colnv_unfused"]()),
+        "colnvd": _same(fns["colnvd"](), fns["colnvd_unfused"]()),
+        "dec": _same((fns["dec"](), ), (fns["dec_unfused"](), )),
+        "deq": _same((fns["deq"](), ), (fns["deq_unfused"](), )),
+    }
+    labels = {"nv_dec": "NVFP4 quantize+decode fused", "col46": "columnwise 4/6", "col46d": "columnwise 4/6 + decode",
+              "colnv": "columnwise NVFP4", "colnvd": "columnwise NVFP4 + decode", "dec": "decode_block_scaled",
+              "deq": "nvfp4_dequantize bf16"}
+    print(f"\n{m}x{k} bf16 x (columnwise: x^T, {k}x{mp})\n")
+    print("| kernel | ms | % of copy | unfused ms | speedup | MB moved | bitwise |")
+    print("|---|---|---|---|---|---|---|")
+    for name, label in labels.items():
+        _kernel_row(label, sizes[name], t[name], t["copy_" + name], t[name + "_unfused"], exact[name])
+
+
+def epilogue_and_amax(rep_ms, rounds):
+    """The GEMM epilogue (grouped bf16 product of the Qwen3 MoE debug experts, dense FP32 product) and the row
+    amax: against a copy of the same bytes, the same kernel compiled without specializing sizes and strides (no
+    vectorized loads) and the PyTorch reference (bitwise)."""
+    import triton
+
+    from titan_fp4six.kernels import amax as ka
+    from titan_fp4six.kernels import epilogue as ke
+    from titan_fp4six.kernels.launch import FastLaunch
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    experts, m, n = GROUPED_PRODUCT
+    prod = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+    group = torch.arange(m, device="cuda") * experts // m
+    a_rows = torch.rand(m, device="cuda", generator=gen) * 4
+    w_amax = torch.rand(experts, device="cuda", generator=gen)
+    acc = torch.randn(*DENSE_PRODUCT, device="cuda", generator=gen)
+    a_amax, b_amax = torch.rand((), device="cuda") * 4, torch.rand((), device="cuda")
+    before = {ke: ("_SCALE_CAST", ["M", "N", "experts"]), ka: ("_ROW_AMAX", ["R", "C", "stride"])}
+
+    def unspecialized(module, fn):
+        """fn run with module's kernel rebuilt as it was before: sizes and strides not specialized."""
+        name, args = before[module]
+        kernel = FastLaunch(triton.jit(do_not_specialize=args)(getattr(module, name).fn.fn))
+
+        def run():
+            now = getattr(module, name)
+            setattr(module, name, kernel)
+            try:
+                return fn()
+            finally:
+                setattr(module, name, now)
+        return run
+
+    grouped = lambda: ke.grouped_scale_cast(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)  # noqa: E731
+    dense = lambda: ke.scale_cast(acc, a_amax, 256, b_amax, 256, torch.bfloat16)  # noqa: E731
+    cases = {
+        f"grouped epilogue {m}x{n} bf16 -> bf16": (
+            4 * m * n, grouped, unspecialized(ke, grouped),
+            lambda: reference.grouped_scale_cast_reference(prod, a_rows, False, w_amax, group, 256, torch.bfloat16)),
+        f"dense epilogue {acc.shape[0]}x{acc.shape[1]} fp32 -> bf16": (
+            6 * acc.numel(), dense, unspecialized(ke, dense),
+            lambda: reference.scale_cast_reference(acc, a_amax, 256, b_amax, 256, torch.bfloat16)),
+        f"row amax {m}x{n} bf16": (
+            2 * m * n, lambda: ka.row_amax(prod), unspecialized(ka, lambda: ka.row_amax(prod)),
+            lambda: reference.row_amax_reference(prod)),
+    }
+    fns = {}
+    for name, (nbytes, now, old, ref) in cases.items():
+        fns.update({name: now, name + " old": old, name + " ref": ref, name + " copy": _copy(nbytes)})
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    print("\n| kernel | ms | % of copy | unspecialized ms | speedup | PyTorch ms | MB moved | bitwise (now, old) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, (nbytes, now, old, ref) in cases.items():
+        want = ref()
+        exact = (_same((now(), ), (want, )), _same((old(), ), (want, )))
+        print(f"| {name} | {t[name]:.3f} | {t[name + ' copy'] / t[name]:6.1%} | {t[name + ' old']:.3f} | "
+              f"{t[name + ' old'] / t[name]:5.2f}x | {t[name + ' ref']:.3f} | {nbytes / 1e6:.0f} | {exact} |",
+              flush=True)
+
+
+def cmd_kernels(args):
+    _needs_cuda("kernels")
+    _header(args.rounds)
+    if args.only in (None, "operands"):
+        for m, k in KERNEL_SHAPES:
+            operand_kernels(m, k, args.rep_ms, args.rounds)
+    if args.only in (None, "epilogue"):
+        epilogue_and_amax(args.rep_ms, args.rounds)
+
+
+# --- host and GPU time of whole op calls (gemm, ops) ----------------------------------------------------------
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gpu_ms(fn, iters: int, warmup: int = 3) -> float:
+    """Mean time per call with the queue kept full (GPU time when the device is the bottleneck)."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync()
+    return (time.perf_counter() - start) * 1e3 / iters
+
+
+def host_us(fn, iters: int) -> float:
+    """Median wall time of the Python call itself, each started on an idle device (host-side cost)."""
+    times = []
+    for _ in range(iters):
+        _sync()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    _sync()
+    return statistics.median(times) * 1e6
+
+
+def _fwd_bwd(fn, inputs, dy):
+    def step():
+        for t in inputs:
+            t.grad = None
+        fn().backward(dy)
+    return step
+
+
+# --- gemm: fwd+bwd of the 4/6 GEMMs at DeepSeek-V3 / Qwen3-30B-A3B shapes against the bf16 op ----------------
+
+DENSE = [  # name, tokens M, in K, out N
+    ("dsv3 attn wq_a 7168->1536", 8192, 7168, 1536),
+    ("dsv3 shared-expert w1 7168->2048", 8192, 7168, 2048),
+    ("qwen3-30b-a3b q_proj 2048->4096", 8192, 2048, 4096),
+]
+GROUPED = [  # name, routed rows M, K, N, experts E (top-8 routing; DeepSeek-V3: 256 experts over 8-way EP)
+    ("dsv3 experts w1 (E=32 local)", 8192 * 8 // 2, 7168, 2048, 32),
+    ("qwen3-30b-a3b experts w1", 8192 * 8, 2048, 768, 128),
+    ("qwen3-30b-a3b experts w2", 8192 * 8, 768, 2048, 128),
+]
+QUICK_DENSE = [("quick dense", 256, 256, 128)]
+QUICK_GROUPED = [("quick grouped", 512, 256, 128, 4)]
+
+
+def _host_syncs(step) -> int:
+    """How many times one call of `step` makes the host wait for the GPU (torch's sync debug mode)."""
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _offsets(rows, experts, device, gen):
+    """Token groups of uneven sizes (one empty), each padded to a multiple of 16, 1/16 of the rows as tail."""
+    weights = torch.rand(experts, generator=gen) + 0.2
+    weights[experts // 2] = 0
+    sizes = (weights / weights.sum() * rows * 15 / 16 / 16).floor().long() * 16
+    return torch.cumsum(sizes, 0).to(torch.int32).to(device)
+
+
+def cmd_gemm(args):
+    from titan_fp4six.ops import blackwell
+    from titan_fp4six.ops.gemm import decode_on
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator().manual_seed(0)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}, GEMM backend: "
+          f"{'Blackwell NVFP4' if blackwell.available(device) else 'emulated (bf16 decode, FP32 accumulation)'}, "
+          f"bf16 decode for emulation {decode_on(device, 'auto')}; fwd+bwd ms, mean of {args.iters} after "
+          f"{args.warmup} warm-up")
+    print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
+
+    def line(label, op, step, base=None) -> float:
+        ms = gpu_ms(step, args.iters, args.warmup)
+        print(f"{label:40s} {op:28s} {ms:9.3f} {ms / (base or ms):7.2f} {_host_syncs(step):6d}")
+        return ms
+
+    for label, m, k, n in QUICK_DENSE if args.quick else DENSE:
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16).requires_grad_()
+        w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
+        dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
+        base = line(label, "bf16 F.linear", _fwd_bwd(lambda: F.linear(x, w), (x, w), dy))
+        for mode in ("quantized", "high_precision", "dequantized"):
+            recipe = FourOverSixRecipe(backward=mode)
+            line("", "4/6 linear " + mode, _fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy),
+                 base)
+        del x, w, dy
+
+    for label, m, k, n, e in QUICK_GROUPED if args.quick else GROUPED:
+        a = torch.randn(m, k, generator=gen).to(device, torch.bfloat16).requires_grad_()
+        w = (torch.randn(e, n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
+        dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
+        offs = _offsets(m, e, device, gen)
+        base = line(label, "bf16 torch._grouped_mm",
+                    _fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy))
+        for mode in ("high_precision", "dequantized"):
+            recipe = FourOverSixRecipe(backward=mode)
+            line("", "4/6 grouped " + mode, _fwd_bwd(
+                lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe), (a, w), dy), base)
+        del a, w, dy
+
+
+# --- ops: the performance table's op rows --------------------------------------------------------------------
+
+BACKWARD_MODES = ("quantized", "dequantized", "high_precision")
+
+
+def cmd_ops(args):
+    """1024^3 `four_over_six_linear` fwd+bwd per backward mode against bf16 `F.linear` (GPU time per iteration,
+    queue kept full), the host time of one such call (after a sync, so nothing waits on the GPU), the same with
+    the weight already quantized (a `cache_weights` micro-batch after the first), and the public
+    `four_over_six_quantize` on 1024x1024 back to back (host and GPU time per call) and on 8192x5120 against the
+    Triton kernel it launches. As in training: backward on the calling thread (the converters' setting, for the
+    bf16 rows too), map-to-4 counting off (torchtitan counts it on logged steps only)."""
+    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+    from titan_fp4six.ops import MAP4_STATS, quantize_linear_weight
+
+    run_backward_on_calling_thread()
+    MAP4_STATS.enabled = False
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+
+    def row(name, value, unit, ratio=None):
+        rows.append({"name": name, "value": value, "unit": unit, "ratio": ratio})
+        print(f"{name:58s} {value:10.3f} {unit:3s}" + (f"   x{ratio:.2f}" if ratio is not None else ""))
+
+    n = args.size
+    x = torch.randn(n, n, generator=gen).to(device, torch.bfloat16).requires_grad_()
+    w = (torch.randn(n, n, generator=gen) / n ** 0.5).to(device, torch.bfloat16).requires_grad_()
+    dy = torch.randn(n, n, generator=gen).to(device, torch.bfloat16)
+
+    bf16 = _fwd_bwd(lambda: F.linear(x, w), (x, w), dy)
+    base = gpu_ms(bf16, args.iters)
+    row(f"{n}^3 linear fwd+bwd bf16 (ms)", base, "ms", 1.0)
+    row(f"{n}^3 linear fwd+bwd bf16 host (us)", host_us(bf16, args.iters), "us")
+    for mode in BACKWARD_MODES:
+        recipe = FourOverSixRecipe(backward=mode)
+        fn = _fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy)
+        ms = gpu_ms(fn, args.iters)
+        row(f"{n}^3 linear fwd+bwd 4/6 {mode} (ms)", ms, "ms", ms / base)
+        row(f"{n}^3 linear fwd+bwd 4/6 {mode} host (us)", host_us(fn, args.iters), "us")
+        qw = quantize_linear_weight(w, recipe=recipe)
+        cached = gpu_ms(_fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe, quantized_weight=qw), (x, w), dy),
+                        args.iters)
+        row(f"{n}^3 linear fwd+bwd 4/6 {mode}, weight cached (ms)", cached, "ms", cached / base)
+
+    small = torch.randn(1024, 1024, generator=gen).to(device, torch.bfloat16)
+    small_amax = tensor_amax(small)
+    quantize = lambda: four_over_six_quantize(small, small_amax)  # noqa: E731
+    row("public four_over_six_quantize 1024x1024 back to back (us/call)", gpu_ms(quantize, args.iters) * 1e3, "us")
+    row("public four_over_six_quantize 1024x1024 host (us)", host_us(quantize, args.iters), "us")
+    if device == "cuda":
+        from titan_fp4six.kernels import quantize as kq
+
+        big = torch.randn(8192, 5120, generator=gen).to(device, torch.bfloat16)
+        big_amax = tensor_amax(big)
+        kernel = gpu_ms(lambda: kq.four_over_six_quantize(big, big_amax, "1x16", "mse", 256), args.iters)
+        public = gpu_ms(lambda: four_over_six_quantize(big, big_amax), args.iters)
+        row("four_over_six_quantize 8192x5120: the kernel alone (ms)", kernel, "ms")
+        row("four_over_six_quantize 8192x5120: public call (ms)", public, "ms", public / kernel)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}, f,
+                      indent=1)
+
+
+# --- warm: compile the quantizer variants that tests, benchmarks and training launch, in parallel --------------
+
+DTYPES = ("bfloat16", "float16", "float32")
+KNOBS = list(itertools.product(("mae", "mse"), (256, 448)))
+# (dtype, kind, err_mode, bound, decode, amax per row, map4: "mask", "none" or "count", token groups: None,
+# "group" or "row"). The public quantizers' (every knob, with and without decode, per tensor or per row, writing
+# the map-to-4 mask), the columnwise ones (x^T read in place), then the ops' (map-to-4 counted on logged steps),
+# grouped activations and the quantized backward's columnwise.
+VARIANTS = [(dtype, block, *knobs, decode, row_amax, "mask", None) for dtype in DTYPES for row_amax in (False, True)
+            for block, knobs, decode in itertools.product(("1x16", "16x16"), KNOBS, (False, True))]
+VARIANTS += [(dtype, "nvfp4", None, 448, decode, row_amax, "mask", None) for dtype in DTYPES
+             for row_amax in (False, True) for decode in (False, True)]
+VARIANTS += [(dtype, "columnwise", *knobs, decode, False, "mask", None) for dtype in DTYPES for knobs in KNOBS
+             for decode in (False, True)]
+VARIANTS += [(dtype, "nvfp4_columnwise", None, 448, decode, False, "mask", None) for dtype in DTYPES
+             for decode in (False, True)]
+VARIANTS += [("bfloat16", block, *knobs, True, False, map4, None) for block in ("1x16", "16x16") for knobs in KNOBS
+             for map4 in ("none", "count")]
+VARIANTS += [("bfloat16", "1x16", *knobs, True, False, map4, groups) for knobs in KNOBS for map4 in ("none", "count")
+             for groups in ("group", "row")]
+VARIANTS += [("bfloat16", "columnwise", *knobs, True, False, "none", None) for knobs in KNOBS]
+
+
+def _compile(variant) -> str:
+    from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.numerics.formats import map4_count_buffer
+    from titan_fp4six.numerics.reference import RowGroups
+
+    dtype, block, err_mode, bound, decode, row_amax, map4, groups = variant
+    x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
+    amax = torch.ones(16 if row_amax or groups == "row" else 1 if groups else (), device="cuda")
+    mask = {"mask": True, "none": False, "count": map4_count_buffer("cuda")}[map4]
+    if groups:
+        groups = RowGroups(torch.zeros(16, dtype=torch.int64, device="cuda"), 1, amax_by_group=groups == "group")
+    if block == "columnwise":
+        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode, map4=mask)
+    elif block == "nvfp4_columnwise":
+        kq.nvfp4_quantize_columnwise(x, amax, decode)
+    elif block == "nvfp4":
+        (kq.nvfp4_quantize_decode if decode else kq.nvfp4_quantize)(x, amax)
+    else:
+        run = kq.four_over_six_quantize_decode if decode else kq.four_over_six_quantize
+        run(x, amax, block, err_mode, bound, groups=groups, map4=mask)
+    torch.cuda.synchronize()
+    return str(variant)
+
+
+def cmd_warm(args):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    _needs_cuda("warm")
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_compile, VARIANTS))
+    print(f"ran {len(done)} quantizer variants (those sharing a kernel, such as 1x16 with either amax, compile once)")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, fn, rep_ms, what in (("quantize", cmd_quantize, 200.0, "the 4/6 quantizer vs copy, reference, NVFP4"),
+                                   ("kernels", cmd_kernels, 100.0, "operand kernels, epilogue and row amax")):
+        s = sub.add_parser(name, help=what)
+        s.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per measurement")
+        s.add_argument("--rounds", type=int, default=3, help="rounds per case; each time is the least median")
+        s.set_defaults(run=fn)
+    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue"), help="one part of the benchmark")
+    s = sub.add_parser("gemm", help="fwd+bwd of the 4/6 GEMMs at model shapes vs the bf16 op")
+    s.add_argument("--iters", type=int, default=5)
+    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--quick", action="store_true", help="tiny shapes (smoke test on any device)")
+    s.set_defaults(run=cmd_gemm)
+    s = sub.add_parser("ops", help="the performance table's op rows")
+    s.add_argument("--iters", type=int, default=50)
+    s.add_argument("--size", type=int, default=1024, help="M = K = N of the linear (small for a CPU smoke test)")
+    s.add_argument("--json", help="also write the rows here")
+    s.set_defaults(run=cmd_ops)
+    s = sub.add_parser("warm", help="compile the quantizer variants in parallel processes")
+    s.add_argument("--jobs", type=int, default=16)
+    s.set_defaults(run=cmd_warm)
+    args = p.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

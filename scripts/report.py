@@ -1,0 +1,506 @@
+"""Reports behind the docs: the quantization-error table of docs/results.md, the RL table and figures of docs/rl.md.
+
+    python -m scripts.report quant-error --out OUT       # markdown table on stdout; JSON and PNGs in OUT
+    python -m scripts.report quant-error --no-capture --out OUT   # synthetic distributions only (seconds)
+    python -m scripts.report rl OUT_DIR [--docs docs]    # after `bash scripts/rl_runs.sh OUT_DIR`
+
+quant-error: relative MSE of standard NVFP4 and every four-over-six knob setting, and the map-to-4 share, on
+synthetic distributions and on GEMM operands (activations, weights, output gradients) captured with hooks from a
+short unquantized training of torchtitan's debug models: users choose the knobs by what each costs in accuracy,
+on the distributions 4/6 meets in training. relative MSE = sum((dequant(quant(x)) - x)^2) / sum(x^2), per
+tensor, then averaged over the tensors of a source. Every quantization goes through the public numerics API.
+"""
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from titan_fp4six import four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from titan_fp4six.modules.fidelity import relative_mse
+
+# --- capture: GEMM operands from a short training of a debug model ----------------------------------------------
+# The model comes from torchtitan's registry and trains unquantized (so the captured tensors are what a quantizer
+# would receive; bf16 autocast on CUDA like torchtitan's single-GPU AMP, FP32 on CPU) with AdamW on the embedded
+# corpus. Hooks copy the inputs, weights and output gradients of the decoder layers' Linears (router gates
+# excluded: the recipes keep them in bf16) and of the routed experts (their input tokens, w1/w2/w3 with one amax
+# per expert, and the gradient of their output). The experts' inner w2 input is not reachable by a module hook.
+
+BLOCK = 16
+
+
+@dataclass
+class Sample:
+    """A 2-D tensor to quantize. `group_rows` > 0: rows come in groups (experts) with one amax each."""
+
+    source: str  # e.g. "gaussian", "activation", "weight", "gradient"
+    name: str
+    step: int
+    x: torch.Tensor
+    group_rows: int = 0
+
+
+def _rows(x: torch.Tensor, max_rows: int) -> torch.Tensor | None:
+    """(rows, cols) FP32 copy of the first max_rows rows (a multiple of 16), or None if not quantizable."""
+    x = x.detach().reshape(-1, x.shape[-1])
+    rows = min(x.shape[0], max_rows) // BLOCK * BLOCK
+    if rows == 0 or x.shape[1] % BLOCK:
+        return None
+    return x[:rows].float().clone().cpu()
+
+
+def build_model(name: str, flavor: str, seq_len: int, device: torch.device) -> nn.Module:
+    """torchtitan model `name`/`flavor` with its own init; grouped GEMMs only on CUDA (CPU takes the loop)."""
+    from torchtitan.config import JobConfig
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(name)
+    args = copy.deepcopy(spec.model_args[flavor])
+    job = JobConfig()
+    job.training.seq_len = seq_len
+    args.update_from_config(job)
+    if getattr(args, "moe_enabled", True) and hasattr(args, "moe_args"):
+        args.moe_args.use_grouped_mm = device.type == "cuda"
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def corpus_batches(batch: int, seq_len: int, vocab: int):
+    """Endless (inputs, labels) batches of consecutive windows of the embedded training corpus."""
+    from tokenizers import Tokenizer
+
+    from titan_fp4six.integration.data import EMBEDDED_DIR, load_documents
+
+    tokenizer = Tokenizer.from_file(str(EMBEDDED_DIR / "tokenizer.json"))
+    need = batch * (seq_len + 1)
+    buf: list[int] = []
+    while True:
+        for text in load_documents(EMBEDDED_DIR, "train")["text"]:
+            buf.extend(i for i in tokenizer.encode(text).ids if i < vocab)
+            while len(buf) >= need:
+                chunk = torch.tensor(buf[:need]).view(batch, seq_len + 1)
+                del buf[:need]
+                yield chunk[:, :-1], chunk[:, 1:]
+
+
+class _Recorder:
+    """Forward hooks that copy operands (and hook the output's gradient) while `active` is set."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+        self.active = False
+        self.step = 0
+        self.samples: list[Sample] = []
+
+    def _add(self, source: str, name: str, x: torch.Tensor, group_rows: int = 0) -> None:
+        x = _rows(x, self.max_rows) if not group_rows else x.detach().float().clone().cpu()
+        if x is not None:
+            self.samples.append(Sample(source, name, self.step, x, group_rows))
+
+    def _grad_hook(self, name: str):
+        def hook(grad):
+            if self.active:
+                self._add("gradient", name, grad)
+        return hook
+
+    def linear(self, name: str):
+        def hook(module, args, output):
+            if self.active:
+                self._add("activation", name, args[0])
+                self._add("weight", name, module.weight)
+                output.register_hook(self._grad_hook(name))
+        return hook
+
+    def experts(self, name: str):
+        def hook(module, args, output):
+            if not self.active:
+                return
+            self._add("activation", name, args[0])
+            for w in ("w1", "w2", "w3"):
+                weight = getattr(module, w).detach()
+                kept = max(2, self.max_rows // weight.shape[1])  # whole experts, each with its own amax
+                self._add("weight", f"{name}.{w}", weight[:kept].reshape(-1, weight.shape[2]), weight.shape[1])
+            output.register_hook(self._grad_hook(name))
+        return hook
+
+
+def attach(model: nn.Module, layers: list[str], recorder: _Recorder) -> None:
+    """Hook the quantizable GEMM modules of the given decoder layers."""
+    for layer in layers:
+        block = model.layers[layer]
+        for name, module in block.named_modules():
+            fqn = f"layers.{layer}.{name}"
+            if isinstance(module, nn.Linear) and "router" not in name.split("."):
+                module.register_forward_hook(recorder.linear(fqn))
+            elif name.endswith("experts") and not name.endswith("shared_experts") and hasattr(module, "w1"):
+                module.register_forward_hook(recorder.experts(fqn))
+
+
+def capture_training_tensors(name: str, flavor: str, *, steps: int, capture_steps: list[int], batch: int,
+                             seq_len: int, max_rows: int, lr: float = 8e-4, seed: int = 0,
+                             device: torch.device | None = None) -> tuple[list[Sample], list[float]]:
+    """Train `steps` steps and return (captured samples, loss per step). Hooks the second and the last
+    decoder layer (the first of DeepSeek-V3's debugmodel is dense)."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        from titan_fp4six.integration import cpu
+
+        cpu.apply()  # torchtitan's router counts tokens with an integer histc, which has no CPU kernel
+    torch.manual_seed(seed)
+    model = build_model(name, flavor, seq_len, device)
+    layer_ids = list(model.layers.keys())
+    recorder = _Recorder(max_rows)
+    attach(model, [layer_ids[1], layer_ids[-1]], recorder)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-8, weight_decay=0.1)
+    losses = []
+    vocab = model.tok_embeddings.num_embeddings
+    # on CUDA the operands are what torchtitan's single-GPU AMP feeds the GEMMs (bf16); the CPU run stays FP32
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    start = time.perf_counter()
+    for step, (inputs, labels) in enumerate(islice(corpus_batches(batch, seq_len, vocab), steps), start=1):
+        recorder.step, recorder.active = step, step in capture_steps
+        with amp():
+            logits = model(inputs.to(device))
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten())
+        loss.backward()
+        recorder.active = False
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        print(f"{name} step {step} loss {losses[-1]:.4f} ({time.perf_counter() - start:.0f}s)", file=sys.stderr)
+    return recorder.samples, losses
+
+
+# --- quant-error: the report ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One quantizer setting. method "nvfp4" is standard NVFP4 (B=448, 1x16, no candidate choice)."""
+
+    method: str  # "nvfp4" or "4/6"
+    scaling: str = "tensor"  # "tensor" (one amax per tensor, or per expert) or "row"
+    block: str = "1x16"
+    err_mode: str = "mse"
+    scale_bound: int = 448
+
+    @property
+    def label(self) -> str:
+        scaling = "row" if self.scaling == "row" else "tensor"
+        if self.method == "nvfp4":
+            return f"NVFP4 {scaling}"
+        return f"4/6 {self.err_mode} B{self.scale_bound} {self.block} {scaling}"
+
+
+def default_configs() -> list[QuantConfig]:
+    """Standard NVFP4 (per-tensor, per-row) and every valid four-over-six knob combination.
+
+    Row scaling is 1x16 only (a per-row amax is not uniform over a 16x16 tile), as docs/numerics.md requires.
+    """
+    configs = [QuantConfig("nvfp4"), QuantConfig("nvfp4", scaling="row")]
+    for scaling, block in (("tensor", "1x16"), ("tensor", "16x16"), ("row", "1x16")):
+        for err_mode in ("mse", "mae"):
+            for bound in (256, 448):
+                configs.append(QuantConfig("4/6", scaling, block, err_mode, bound))
+    return configs
+
+
+def amax_for(x: torch.Tensor, scaling: str, group_rows: int = 0) -> torch.Tensor:
+    """FP32 amax: per tensor (per row group when `group_rows`, expanded to rows) or per row."""
+    if scaling == "row":
+        return row_amax(x)
+    if group_rows:
+        per_group = x.abs().view(-1, group_rows, x.shape[1]).amax(dim=(1, 2)).float()
+        return per_group.repeat_interleave(group_rows)
+    return tensor_amax(x)
+
+
+def quantize_dequantize(x: torch.Tensor, cfg: QuantConfig, group_rows: int = 0) -> tuple[torch.Tensor, float]:
+    """(FP32 dequantized x, fraction of 1x16 blocks that stored map-to-4; NaN for standard NVFP4)."""
+    amax = amax_for(x, cfg.scaling, group_rows)
+    if cfg.method == "nvfp4":
+        codes, scales = nvfp4_quantize(x, amax)
+        return nvfp4_dequantize(codes, scales, amax, scale_bound=448), math.nan
+    blocks = four_over_six_quantize(x, amax, block=cfg.block, err_mode=cfg.err_mode, scale_bound=cfg.scale_bound)
+    xq = nvfp4_dequantize(blocks.codes, blocks.scales, amax, scale_bound=cfg.scale_bound)
+    return xq, blocks.map4.float().mean().item()
+
+
+def synthetic_samples(rows: int = 1024, cols: int = 1024, seed: int = 0) -> list[Sample]:
+    """Gaussian; heavy-tailed (Student-t, 3 degrees of freedom); outlier-rich (Gaussian with 1% of the
+    columns scaled 30x, the channel outliers of LLM activations, plus 0.01% scattered 100x spikes)."""
+    g = torch.Generator().manual_seed(seed)
+    gauss = torch.randn(rows, cols, generator=g)
+    normal = torch.randn(rows, cols, generator=g)
+    chi2 = torch.randn(3, rows, cols, generator=g).pow(2).sum(0)
+    student = normal / (chi2 / 3).sqrt()
+    outlier = torch.randn(rows, cols, generator=g)
+    channels = torch.randperm(cols, generator=g)[: max(1, cols // 100)]
+    outlier[:, channels] *= 30
+    spikes = torch.rand(rows, cols, generator=g) < 1e-4
+    outlier = torch.where(spikes, outlier * 100, outlier)
+    return [Sample("gaussian", "N(0,1)", 0, gauss), Sample("heavy-tailed", "student-t(3)", 0, student),
+            Sample("outlier-rich", "channels x30 + spikes x100", 0, outlier)]
+
+
+def evaluate(samples: list[Sample], configs: list[QuantConfig], device: str | None = None) -> list[dict]:
+    """One record per (sample, config): relative MSE and map-to-4 fraction (quantized on the GPU if any)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    records = []
+    for s in samples:
+        x = s.x.to(device)
+        checksum = s.x.double().sum().item()  # tells input differences from quantizer differences across machines
+        for cfg in configs:
+            xq, map4 = quantize_dequantize(x, cfg, s.group_rows)
+            records.append({"source": s.source, "name": s.name, "step": s.step, "shape": list(s.x.shape),
+                            "checksum": checksum, "config": cfg.label, **asdict(cfg),
+                            "rel_mse": relative_mse(x, xq), "map4": map4})
+    return records
+
+
+def summarize(records: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
+    """{config label: {source: (mean relative MSE, mean map-to-4 fraction)}} in first-seen order."""
+    acc: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for r in records:
+        acc.setdefault(r["config"], {}).setdefault(r["source"], []).append((r["rel_mse"], r["map4"]))
+    return {c: {s: (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals))
+                for s, vals in by_source.items()} for c, by_source in acc.items()}
+
+
+def markdown_table(summary: dict[str, dict[str, tuple[float, float]]], baseline: str = "NVFP4 tensor") -> str:
+    """Rows: configs; columns: sources. Cell: relative MSE x1e3, its ratio to the baseline, map-to-4 %."""
+    sources = list(next(iter(summary.values())).keys())
+    lines = ["| config | " + " | ".join(sources) + " |", "| --- |" + " --- |" * len(sources)]
+    for cfg, by_source in summary.items():
+        cells = []
+        for src in sources:
+            mse, map4 = by_source[src]
+            ratio = mse / summary[baseline][src][0]
+            cell = f"{mse * 1e3:.3f} ({ratio:.2f}x)"
+            cells.append(cell if math.isnan(map4) else f"{cell} m4 {map4 * 100:.0f}%")
+        lines.append(f"| {cfg} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_quant_error(summary: dict[str, dict[str, tuple[float, float]]], records: list[dict], out: Path,
+         baseline: str = "NVFP4 tensor") -> list[Path]:
+    """quant_error_ratio.png (relative MSE / baseline per source) and, with captured tensors, the
+    per-step relative MSE of NVFP4 vs the default four-over-six (quant_error_steps.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(summary)
+    sources = list(summary[configs[0]])
+    fig, ax = plt.subplots(figsize=(12, 5))
+    width = 0.8 / len(sources)
+    for i, src in enumerate(sources):
+        ratios = [summary[c][src][0] / summary[baseline][src][0] for c in configs]
+        ax.bar([k + i * width for k in range(len(configs))], ratios, width, label=src)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))], configs, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel(f"relative MSE / {baseline}")
+    ax.set_title("Quantization error vs standard NVFP4 (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [out / "quant_error_ratio.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    captured = [r for r in records if r["step"] > 0]
+    if captured:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=False)
+        shown = (baseline, "4/6 mse B256 1x16 tensor", "4/6 mse B256 16x16 tensor", "4/6 mse B256 1x16 row")
+        for ax, src in zip(axes, ("activation", "weight", "gradient")):
+            for cfg in shown:
+                pts = {}
+                for r in captured:
+                    if r["source"] == src and r["config"] == cfg:
+                        pts.setdefault(r["step"], []).append(r["rel_mse"])
+                steps = sorted(pts)
+                ax.plot(steps, [sum(pts[s]) / len(pts[s]) for s in steps], marker="o", label=cfg)
+            ax.set_title(src)
+            ax.set_xlabel("training step")
+        axes[0].set_ylabel("mean relative MSE")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(out / "quant_error_steps.png")
+        fig.savefig(paths[1], dpi=120)
+        plt.close(fig)
+    return paths
+
+def cmd_quant_error(args):
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    samples = synthetic_samples(args.synthetic_size, args.synthetic_size)
+    meta = {"synthetic_shape": [args.synthetic_size] * 2, "torch": torch.__version__}
+    if not args.no_capture:
+        capture_steps = [int(s) for s in args.capture_steps.split(",")]
+        for spec in args.models.split(","):
+            name, flavor = spec.split(":")
+            captured, losses = capture_training_tensors(name, flavor, steps=args.steps, capture_steps=capture_steps,
+                                                        batch=args.batch, seq_len=args.seq_len,
+                                                        max_rows=args.max_rows)
+            samples += captured
+            meta[f"{name}:{flavor} losses"] = losses
+            print(f"{name} {flavor}: {len(captured)} tensors, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+                  file=sys.stderr)
+    records = evaluate(samples, default_configs())
+    summary = summarize(records)
+    table = markdown_table(summary)
+    print(table)
+    (args.out / "quant_error.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+    (args.out / "quant_error.md").write_text(table + "\n")
+    for path in plot_quant_error(summary, records, args.out):
+        print(f"wrote {path}", file=sys.stderr)
+
+
+# --- rl: docs/rl.md's table and figures from the runs of scripts/rl_runs.sh -------------------------------------
+# Reads OUT_DIR/<run>/rl_metrics.jsonl (one JSON line per GRPO step, written by `python -m titan_fp4six.rl`) for
+# the runs nvfp4_consistent, nvfp4_fast and bf16_fast; writes <docs>/rl_reward.png (reward per step, 10-step
+# moving average), <docs>/rl_mismatch.png (max and mean |trainer - rollout| logprob per step, symlog scale so
+# exact zeros show) and replaces the text between the report markers of <docs>/rl.md with the table.
+
+RL_RUNS = {"nvfp4_consistent": "4/6 row-scaled, consistent", "nvfp4_fast": "4/6 row-scaled, fast",
+           "bf16_fast": "bf16, fast"}
+BEGIN, END = "<!-- rl_report:begin -->", "<!-- rl_report:end -->"
+RL_TAIL = 20
+
+
+def rl_load(out: Path) -> dict[str, list[dict]]:
+    runs = {}
+    for name in RL_RUNS:
+        path = out / name / "rl_metrics.jsonl"
+        if path.is_file():
+            runs[name] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not runs:
+        raise SystemExit(f"no {', '.join(f'{n}/rl_metrics.jsonl' for n in RL_RUNS)} under {out}")
+    return runs
+
+
+def moving_average(values: list[float], window: int = 10) -> list[float]:
+    return [statistics.fmean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+
+
+def rl_summary(steps: list[dict], wall: float | None) -> dict:
+    """Tokens/s are medians over steps after the first (start-up and first quantization excluded)."""
+    body = steps[1:] or steps
+    return {
+        "steps": len(steps),
+        "reward_first": statistics.fmean(s["reward"] for s in steps[:RL_TAIL]),
+        "reward_last": statistics.fmean(s["reward"] for s in steps[-RL_TAIL:]),
+        "mismatch_max": max(s["mismatch_max"] for s in steps),
+        "mismatch_mean": statistics.fmean(s["mismatch_mean"] for s in steps),
+        "kl": statistics.fmean(s["mismatch_kl"] for s in steps),
+        "zero_steps": sum(s["mismatch_max"] == 0 for s in steps),
+        "gen_tps": statistics.median(s["gen_tps"] for s in body),
+        "train_tps": statistics.median(s["train_tps"] for s in body),
+        "wall_s": wall,
+    }
+
+
+def rl_table(runs: dict[str, list[dict]], out: Path) -> str:
+    rows = []
+    stats = {}
+    for name, steps in runs.items():
+        wall_file = out / name / "wall.json"
+        wall = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else None
+        stats[name] = s = rl_summary(steps, wall)
+        rows.append(f"| {RL_RUNS[name]} | {s['steps']} | {s['reward_first']:.3f} -> {s['reward_last']:.3f} | "
+                    f"{s['mismatch_max']:.3g} | {s['mismatch_mean']:.3g} | {s['kl']:.3g} | "
+                    f"{s['zero_steps']}/{s['steps']} | {s['gen_tps']:,.0f} | {s['train_tps']:,.0f} | "
+                    f"{'' if wall is None else wall} |")
+    text = ["| run | steps | reward (first -> last 20 steps) | max mismatch | mean mismatch | KL(rollout, trainer) "
+            "| steps with mismatch 0 | generation tok/s | training tok/s | wall s |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows]
+    if "nvfp4_consistent" in stats and "nvfp4_fast" in stats:
+        c, f = stats["nvfp4_consistent"], stats["nvfp4_fast"]
+        text.append("")
+        text.append(f"Consistent mode costs: generation {c['gen_tps'] / f['gen_tps']:.2f}x and training "
+                    f"{c['train_tps'] / f['train_tps']:.2f}x the fast mode's tokens/s (medians over steps 2..N).")
+    return "\n".join(text)
+
+
+def rl_plot(runs: dict[str, list[dict]], docs: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, steps in runs.items():
+        ax.plot([s["step"] for s in steps], moving_average([s["reward"] for s in steps]), label=RL_RUNS[name])
+    ax.set(xlabel="GRPO step", ylabel="reward (10-step mean)", title="Copy task, Qwen3 MoE debugmodel")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(docs / "rl_reward.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, steps in runs.items():
+        x = [s["step"] for s in steps]
+        (line,) = ax.plot(x, [s["mismatch_max"] for s in steps], label=f"{RL_RUNS[name]}: max")
+        ax.plot(x, [s["mismatch_mean"] for s in steps], linestyle="--", color=line.get_color(),
+                label=f"{RL_RUNS[name]}: mean")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set(xlabel="GRPO step", ylabel="|trainer - rollout| logprob",
+           title="Trainer/rollout mismatch (0 = bitwise equal)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(docs / "rl_mismatch.png", dpi=120)
+    plt.close(fig)
+
+def cmd_rl(args):
+    runs = rl_load(args.out)
+    rl_plot(runs, args.docs)
+    report = rl_table(runs, args.out)
+    doc = args.docs / "rl.md"
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc} lacks the {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    body = f"{report}\n\n![reward](rl_reward.png)\n\n![mismatch](rl_mismatch.png)\n"
+    doc.write_text(f"{head}{BEGIN}\n{body}{END}{rest.split(END, 1)[1]}")
+    print(report)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m scripts.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("quant-error", help="relative MSE of NVFP4 and every 4/6 setting, synthetic and captured")
+    s.add_argument("--out", type=Path, required=True, help="folder for quant_error.json/.md and the PNGs")
+    s.add_argument("--no-capture", action="store_true", help="synthetic distributions only")
+    s.add_argument("--models", default="deepseek_v3:debugmodel,qwen3:debugmodel_moe")
+    s.add_argument("--steps", type=int, default=20, help="training steps of the capture run")
+    s.add_argument("--capture-steps", default="1,10,20", help="steps at which tensors are captured")
+    s.add_argument("--batch", type=int, default=2)
+    s.add_argument("--seq-len", type=int, default=256)
+    s.add_argument("--max-rows", type=int, default=512, help="rows kept per captured tensor (multiple of 16)")
+    s.add_argument("--synthetic-size", type=int, default=1024)
+    s.set_defaults(run=cmd_quant_error)
+    s = sub.add_parser("rl", help="docs/rl.md's table and figures from the runs of scripts/rl_runs.sh")
+    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/rl_runs.sh")
+    s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    s.set_defaults(run=cmd_rl)
+    args = p.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,729 @@
+"""Training-run drivers: throughput, profiles, the performance table, parity and compile checks, RL signal.
+
+    python -m scripts.runs throughput --out OUT --run "LABEL=CONFIG [overrides]" ... [-- trainer overrides]
+    python -m scripts.runs profile OUT CONFIG.toml ... [-- trainer overrides]
+    python -m scripts.runs perf OUT [kernels ops debug 30b profiles]     # docs/performance.md's table, then `table`
+    python -m scripts.runs table OUT                                      # the table from what OUT holds
+    python -m scripts.runs parity --global-batch 8 --out OUT -- --job.config_file CONFIG.toml ...
+    python -m scripts.runs compile-parity OUT
+    python -m scripts.runs rl-signal --mode grpo
+
+Every training is `python -m titan_fp4six.train` in a subprocess: the trainer users run (converters, data
+loader, optimizer, compile), not a re-implementation; its console step lines are read back with the package's
+parser. Arguments after `--` go to every training. Run from the repository root (the recipes' paths are
+relative to it).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from titan_fp4six.compare.runs import parse_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+DS = "configs/deepseek_v3_debugmodel"
+QW = "configs/qwen3_moe_debug"
+
+
+@dataclass
+class Run:
+    """One training: a label, a TOML recipe and extra CLI overrides (`--section.key value` pairs)."""
+
+    label: str
+    config: str
+    overrides: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, spec: str) -> "Run":
+        """'LABEL=CONFIG [--section.key value ...]' as given on the command line."""
+        if "=" not in spec:
+            raise ValueError(f"--run {spec!r}: expected 'LABEL=CONFIG [--section.key value ...]'")
+        label, rest = spec.split("=", 1)
+        parts = shlex.split(rest)
+        if not parts or not parts[0].endswith(".toml"):
+            raise ValueError(f"--run {spec!r}: the part after '=' must start with a .toml recipe path")
+        return cls(label.strip(), parts[0], parts[1:])
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.label).strip("_")
+
+
+def command(run: Run, common: list[str]) -> list[str]:
+    return [sys.executable, "-m", "titan_fp4six.train", "--job.config_file", run.config, *common, *run.overrides]
+
+
+def start(run: Run, common: list[str], log: Path) -> subprocess.Popen:
+    """Start the training in the background, console to `log`, dump folder outputs/<log name> (runs of one
+    recipe side by side must not share it)."""
+    common = [*common, "--job.dump_folder", f"outputs/{log.stem}"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log, "w") as f:
+        f.write("# " + shlex.join(command(run, common)) + "\n")
+        f.flush()
+        return subprocess.Popen(command(run, common), stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def wait(proc: subprocess.Popen, timeout: float | None) -> int:
+    """Exit status; a run past `timeout` seconds is terminated (its steps so far still count)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+# --- throughput: tokens/s and peak memory of bf16 vs 4/6 recipes, eager and compiled, as ratios ----------------
+
+MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
+
+
+def steady_state(rows: list[dict], warmup: int) -> dict:
+    """Median tps after warmup and peak memory over all steps (None when no step past warmup was logged)."""
+    steady = [r for r in rows if r["step"] > warmup and "tps" in r]
+    mem = [r["memory"] for r in rows if "memory" in r]
+    return {"steps": len(rows), "tps": statistics.median(r["tps"] for r in steady) if steady else None,
+            "memory_gib": max(mem) if mem else None,
+            "mfu": statistics.median(r["mfu"] for r in steady if "mfu" in r) if steady else None,
+            "losses": [r["loss"] for r in rows]}
+
+
+def combine(trials: list[dict]) -> dict:
+    """One run's trials as one entry: median tps and MFU, largest memory, the trials kept for paired ratios."""
+    tps = [t["tps"] for t in trials if t["tps"]]
+    mem = [t["memory_gib"] for t in trials if t["memory_gib"]]
+    mfu = [t["mfu"] for t in trials if t.get("mfu")]
+    return {**trials[0], "tps": statistics.median(tps) if tps else None, "memory_gib": max(mem) if mem else None,
+            "mfu": statistics.median(mfu) if mfu else None,
+            "exit_code": next((t["exit_code"] for t in trials if t["exit_code"]), 0), "trials": trials}
+
+
+def pair_ratios(r: dict, ref: dict) -> list[float]:
+    """tps / the reference's tps, trial by trial (same repetition, back to back)."""
+    return [a["tps"] / b["tps"] for a, b in zip(r.get("trials", [r]), ref.get("trials", [ref]))
+            if a["tps"] and b.get("tps")]
+
+
+def paired_ratio(r: dict, ref: dict) -> str:
+    """pair_ratios as text: the median and, with more than one pair, the range."""
+    pairs = pair_ratios(r, ref)
+    if not pairs:
+        return "-"
+    spread = f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 1 else ""
+    return f"{statistics.median(pairs):.2f}x{spread}"
+
+
+def throughput_table(results: dict) -> str:
+    """Markdown: one row per (run, mode) with tps, memory and the two ratios."""
+    labels = list(dict.fromkeys(k.split(" | ")[0] for k in results))
+    modes = list(dict.fromkeys(k.split(" | ")[1] for k in results))
+    first = labels[0]
+    ref_eager = results.get(f"{first} | eager", {}).get("tps")
+    lines = [f"| run | mode | tokens/s | vs {first} same mode | vs {first} eager | peak reserved GiB | "
+             f"memory vs {first} same mode | MFU % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    for label in labels:
+        for mode in modes:
+            r = results.get(f"{label} | {mode}")
+            if r is None:
+                continue
+            ref = results.get(f"{first} | {mode}", {})
+            tps = f"{r['tps']:,.0f}" if r["tps"] else f"failed (exit {r['exit_code']})"
+            measured = [t["tps"] for t in r.get("trials", ()) if t["tps"]]
+            if len(measured) > 1:
+                tps += f" (trials {min(measured):,.0f}-{max(measured):,.0f})"
+            mem = f"{r['memory_gib']:.1f}" if r["memory_gib"] else "-"
+            mfu = f"{r['mfu']:.1f}" if r.get("mfu") else "-"
+            lines.append(f"| {label} | {mode} | {tps} | {paired_ratio(r, ref)} | "
+                         f"{ratio(r['tps'], ref_eager)} | {mem} | {ratio(r['memory_gib'], ref.get('memory_gib'))} | "
+                         f"{mfu} |")
+    return "\n".join(lines)
+
+
+def cmd_throughput(args, common):
+    """Every run trains --steps steps, one at a time (runs do not share the GPU), eager and then compiled
+    (--modes to choose). tokens/s is the median of torchtitan's per-step tps after --warmup steps; memory the
+    largest per-step peak of reserved memory. Ratios are to the first --run in the same mode and to its eager
+    run, all from this invocation. --repeat N trains the list N times over, in turn (bf16, 4/6, bf16, ...): a
+    host-bound run's speed varies from process to process, so a run's tps is the median of its trials and
+    "vs first same mode" the median (range) of the ratios of trials run back to back."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    if set(modes) - set(MODES) or not args.run:
+        raise SystemExit(f"--modes must be from {sorted(MODES)} (got {modes}) and at least one --run given")
+    common = ["--training.steps", str(args.steps), "--metrics.log_freq", "1", *common]
+    trials = {}
+    deadline = time.monotonic() + args.budget if args.budget else None
+    for mode in modes:  # eager runs first: they are the ones the budget must not cut
+        for rep in range(args.repeat):
+            for run in args.run:
+                r = Run(f"{run.label} | {mode}", run.config, run.overrides + MODES[mode])
+                timeout = args.timeout
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left < 15:
+                        print(f"{r.label}: skipped, budget spent", file=sys.stderr)
+                        continue
+                    timeout = min(timeout or left, left)
+                log = args.out / f"throughput_{r.slug}{f'_{rep + 1}' if args.repeat > 1 else ''}.log"
+                code = wait(start(r, common, log), timeout)
+                trial = {**steady_state(parse_steps(log.read_text()), args.warmup), "exit_code": code,
+                         "log": log.name, "config": run.config, "overrides": r.overrides}
+                trials.setdefault(r.label, []).append(trial)
+                print(f"{r.label} ({rep + 1}/{args.repeat}): {trial['tps']} tps, exit {code}", file=sys.stderr,
+                      flush=True)
+    results = {label: combine(ts) for label, ts in trials.items()}
+    (args.out / "throughput.json").write_text(json.dumps({"common": common, "results": results}, indent=1))
+    md = throughput_table(results)
+    print(md)
+    (args.out / "throughput.md").write_text(md + "\n")
+
+
+# --- profile: one profiled training step per recipe, where its time goes ----------------------------------------
+
+def load_trace(path: Path) -> list[dict]:
+    """The events of a torch.profiler chrome trace (gzipped or not)."""
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+        trace = json.load(f)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def profile_step(events: list[dict], top: int = 12) -> dict:
+    """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
+    wall), kernel count and time, the top kernels by total time, and the host time per call of the plugin's ops
+    (titan_fp4six::*: custom ops when compiled, record_function ranges in eager)."""
+    steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
+    if not steps:
+        raise ValueError("no ProfilerStep#N span in the trace")
+    step = max(steps, key=lambda e: e["ts"])
+    t0, t1 = step["ts"], step["ts"] + step["dur"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+               and t0 <= e["ts"] < t1]
+    busy, end = 0.0, t0
+    for k in sorted(kernels, key=lambda e: e["ts"]):  # union of intervals
+        begin, stop = max(k["ts"], end), k["ts"] + k["dur"]
+        if stop > begin:
+            busy += stop - begin
+            end = stop
+    by_name = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        by_name[k["name"]][0] += 1
+        by_name[k["name"]][1] += k["dur"]
+    ops = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
+                and e.get("name", "").startswith("titan_fp4six::") and t0 <= e["ts"] < t1:
+            ops[e["name"]].append(e["dur"])
+    return {
+        "step": step["name"], "wall_ms": step["dur"] / 1e3, "gpu_busy": busy / step["dur"], "kernels": len(kernels),
+        "kernel_ms": sum(k["dur"] for k in kernels) / 1e3,
+        "top": [{"name": n[:90], "count": c, "ms": d / 1e3}
+                for n, (c, d) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
+        "host_ops": {n: {"calls": len(d), "mean_ms": sum(d) / len(d) / 1e3} for n, d in sorted(ops.items())},
+    }
+
+
+def profile_markdown(s: dict, label: str) -> str:
+    lines = [f"**{label}** ({s['step']}): wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy']:.0%}, "
+             f"{s['kernels']} kernels, kernel time {s['kernel_ms']:.1f} ms", "",
+             "| kernel | count | ms |", "| --- | --- | --- |"]
+    lines += [f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top"]]
+    if s["host_ops"]:
+        lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
+        lines += [f"| `{n}` | {v['calls']} | {v['mean_ms']:.3f} |" for n, v in s["host_ops"].items()]
+    return "\n".join(lines)
+
+
+def cmd_profile(args, common):
+    """Trains 11 steps of each recipe, profiles step 10 (after warm-up) with torch.profiler and writes
+    OUT/<recipe>.log, .profile.md and .profile.json."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    for config in args.configs:
+        name = Path(config).stem
+        dump = Path(os.environ.get("TMPDIR", "/tmp")) / "profile_recipes" / name
+        log = args.out / f"{name}.log"
+        run = Run(name, config, ["--training.steps", "11", "--profiling.enable_profiling", "--profiling.profile_freq",
+                                 "10", "--profiling.profiler_warmup", "2", "--profiling.profiler_active", "1",
+                                 "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+                                 "--job.dump_folder", str(dump), *common])
+        with open(log, "w") as f:
+            try:
+                code = subprocess.run(command(run, []), stdout=f, stderr=subprocess.STDOUT,
+                                      timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        trace = dump / "profile_traces" / "iteration_10" / "rank0_trace.json"
+        if code != 0 or not trace.is_file():
+            print(f"{name} failed ({code}):\n" + "\n".join(log.read_text().splitlines()[-20:]))
+            continue
+        s = profile_step(load_trace(trace))
+        md = profile_markdown(s, name)
+        print(md)
+        (args.out / f"{name}.profile.md").write_text(md + "\n")
+        (args.out / f"{name}.profile.json").write_text(json.dumps(s, indent=1))
+
+
+# --- perf and table: docs/performance.md's table in one sitting on one GPU -------------------------------------
+
+PERF_PARTS = ("kernels", "ops", "debug", "30b", "profiles")
+
+
+def _tee(cmd: list[str], path: Path) -> None:
+    """Run `cmd` in the repository root, its output to the console and to `path` (a failed part is reported
+    and the next one runs)."""
+    print("$ " + shlex.join(cmd), flush=True)
+    with open(path, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                cwd=ROOT) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+    if proc.returncode:
+        print(f"exit {proc.returncode}: {shlex.join(cmd)}", flush=True)
+
+
+def cmd_perf(args, common):
+    """The parts named (default all), every ratio against a twin measured in the same invocation, then the
+    table (OUT/table.md, OUT/table.png): kernels (the GEMM epilogue and row amax against a copy of their bytes),
+    ops (1024^3 linear fwd+bwd per backward mode vs bf16, public quantize host time), debug (DeepSeek-V3 debug
+    bf16 / 4/6 all Linears / 4/6 dequantized, then the Qwen3 MoE debug pair, eager, each list --repeat times
+    over), 30b (the Qwen3-30B-A3B-shaped 4-layer flavor, experts 4/6 vs bf16, eager and with --compiled
+    compiled), profiles (one profiled step of the DeepSeek-V3 all-Linears and Qwen3 4/6 recipes; with
+    --profile-twins their bf16 twins too). About 18 minutes on an H200: where a call may run 10 minutes, run
+    `kernels ops debug` then `30b profiles` with the same OUT."""
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    parts = args.parts or PERF_PARTS
+    me = [sys.executable, "-m", "scripts.runs"]
+    tp = [*me, "throughput", "--modes", "eager", "--steps", str(args.steps), "--warmup", "10", "--repeat",
+          str(args.repeat)]
+    if "kernels" in parts:
+        _tee([sys.executable, "-m", "scripts.bench", "kernels", "--only", "epilogue", "--rounds", "2"],
+             out / "kernels.md")
+    if "ops" in parts:
+        _tee([sys.executable, "-m", "scripts.bench", "ops", "--json", str(out / "ops.json")], out / "ops.txt")
+    if "debug" in parts:  # DeepSeek takes 3/5 of the budget, Qwen3 the rest; one table (and twin) per model
+        _tee([*tp, "--out", str(out / "debug"), "--budget", str(args.debug_budget * 3 // 5),
+              "--run", f"DeepSeek bf16={DS}_bf16.toml",
+              "--run", f"DeepSeek 4/6 all Linears={DS}_nvfp4_four_over_six_all_linears.toml",
+              "--run", f"DeepSeek 4/6 dequantized={DS}_nvfp4_four_over_six_dequantized.toml", "--", *common],
+             out / "debug.txt")
+        _tee([*tp, "--out", str(out / "debug_qwen3"), "--budget", str(args.debug_budget * 2 // 5),
+              "--run", f"Qwen3 MoE bf16={QW}_bf16.toml", "--run", f"Qwen3 MoE 4/6={QW}_nvfp4_four_over_six.toml",
+              "--", *common], out / "debug_qwen3.txt")
+    if "30b" in parts:
+        _tee([*me, "throughput", "--out", str(out / "30b"), "--modes", "eager,compiled" if args.compiled else "eager",
+              "--steps", "20", "--warmup", "8", "--budget", str(args.big_budget),
+              "--run", f"bf16={QW}_bf16.toml", "--run", f"4/6 experts={QW}_nvfp4_four_over_six.toml", "--",
+              "--model.flavor", "30B-A3B-4layers", "--experimental.custom_import", "titan_fp4six.integration.flavors",
+              "--training.local_batch_size", "4", "--training.seq_len", "2048", *common], out / "30b.txt")
+    if "profiles" in parts:
+        twins = [f"{DS}_bf16.toml", f"{QW}_bf16.toml"] if args.profile_twins else []
+        _tee([*me, "profile", str(out / "profiles"), f"{DS}_nvfp4_four_over_six_all_linears.toml",
+              f"{QW}_nvfp4_four_over_six.toml", *twins, "--", *common], out / "profiles.txt")
+    cmd_table(args, common)
+
+
+# (workload, file under OUT, figure, target, at least (True) or at most (False))
+TABLE_ROWS = (
+    ("qwen3_moe_debug 4/6 / bf16", "debug_qwen3/throughput.json",
+     ("tps", "Qwen3 MoE 4/6 | eager", "Qwen3 MoE bf16 | eager"), 0.90, True),
+    ("30B-A3B-4layers experts / bf16, eager", "30b/throughput.json", ("tps", "4/6 experts | eager", "bf16 | eager"),
+     0.95, True),
+    ("30B-A3B-4layers experts / bf16, compiled", "30b/throughput.json",
+     ("tps", "4/6 experts | compiled", "bf16 | compiled"), 0.92, True),
+    ("1024^3 fwd+bwd / bf16, quantized", "ops.json", ("op", "1024^3 linear fwd+bwd 4/6 quantized (ms)"), 2.0, False),
+    ("1024^3 fwd+bwd / bf16, dequantized", "ops.json", ("op", "1024^3 linear fwd+bwd 4/6 dequantized (ms)"), 1.5,
+     False),
+    ("1024^3 fwd+bwd / bf16, high_precision", "ops.json", ("op", "1024^3 linear fwd+bwd 4/6 high_precision (ms)"),
+     1.3, False),
+    ("deepseek_v3_debugmodel 4/6 all Linears / bf16", "debug/throughput.json",
+     ("tps", "DeepSeek 4/6 all Linears | eager", "DeepSeek bf16 | eager"), 0.60, True),
+    ("deepseek_v3_debugmodel 4/6 dequantized / bf16", "debug/throughput.json",
+     ("tps", "DeepSeek 4/6 dequantized | eager", "DeepSeek bf16 | eager"), 0.85, True),
+    ("GPU busy, DeepSeek-V3 4/6 step (profiler)", "profiles/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears"
+     ".profile.json", ("busy", ), 0.85, True),
+    ("public quantize 1024x1024, host us per call", "ops.json",
+     ("value", "public four_over_six_quantize 1024x1024 back to back (us/call)"), 20.0, False),
+    ("peak memory / bf16 (largest of the recipes)", "", ("memory", ), 1.05, False),
+)
+THROUGHPUT_FILES = ("debug/throughput.json", "debug_qwen3/throughput.json", "30b/throughput.json")
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _tps_ratio(results: dict, run: str, twin: str) -> tuple[float, str] | None:
+    if not (results.get(run, {}).get("tps") and results.get(twin, {}).get("tps")):
+        return None
+    pairs = pair_ratios(results[run], results[twin])
+    spread = f" (pairs {', '.join(f'{p:.2f}' for p in pairs)})" if len(pairs) > 1 else ""
+    return statistics.median(pairs), f"{statistics.median(pairs):.2f}{spread}"
+
+
+def _op_value(data: dict, name: str, key: str) -> tuple[float, str] | None:
+    row = next((r for r in data["rows"] if r["name"] == name), None)
+    if row is None or row.get(key) is None:
+        return None
+    value = row[key]
+    return value, (f"{value:.1f}x" if key == "ratio" else f"{value:.1f}")
+
+
+def _memory(out: Path) -> tuple[float, str] | None:
+    """The largest peak-memory ratio of a 4/6 run to its file's first run (the bf16 twin), same mode."""
+    ratios = []
+    for name in THROUGHPUT_FILES:
+        data = _load(out / name)
+        if data is None:
+            continue
+        results = data["results"]
+        first = next(iter(results)).split(" | ")[0]
+        for key, r in results.items():
+            twin = results.get(f"{first} | {key.split(' | ')[1]}", {})
+            if r.get("memory_gib") and twin.get("memory_gib") and not key.startswith(first):
+                ratios.append(r["memory_gib"] / twin["memory_gib"])
+    return (max(ratios), f"{max(ratios):.2f}") if ratios else None
+
+
+def figure(out: Path, source: str, spec: tuple) -> tuple[float, str] | None:
+    """(value, text) of one table row, None when its part did not run or its runs failed."""
+    if spec[0] == "memory":
+        return _memory(out)
+    data = _load(out / source)
+    if data is None:
+        return None
+    if spec[0] == "tps":
+        return _tps_ratio(data["results"], *spec[1:])
+    if spec[0] == "busy":
+        return data["gpu_busy"], f"{data['gpu_busy']:.0%} ({data['kernels']:,} kernels, wall {data['wall_ms']:.1f} ms)"
+    return _op_value(data, spec[1], "ratio" if spec[0] == "op" else "value")
+
+
+def build_table(out: Path) -> tuple[str, list]:
+    """Markdown of every row's figure, target and whether it is met; bars of figure / target for the plot."""
+    lines = ["| workload | measured | target | met |", "| --- | --- | --- | --- |"]
+    bars = []
+    for workload, source, spec, target, at_least in TABLE_ROWS:
+        got = figure(out, source, spec)
+        bound = f"{'>=' if at_least else '<='} {target:g}"
+        if got is None:
+            lines.append(f"| {workload} | not measured | {bound} | - |")
+            continue
+        value, text = got
+        met = value >= target if at_least else value <= target
+        lines.append(f"| {workload} | {text} | {bound} | {'yes' if met else 'no'} |")
+        bars.append((workload, value / target if at_least else target / value, met))
+    return "\n".join(lines), bars
+
+
+def plot_table(bars: list, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 1.2))
+    ax.barh([b[0] for b in bars], [b[1] for b in bars], color=["tab:green" if b[2] else "tab:red" for b in bars])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("figure / target (1 = target; right of it: met; time and memory rows inverted)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_table(args, common):
+    """docs/performance.md's table from a `perf` output directory: each ratio against the bf16 twin measured in
+    the same invocation; rows whose part was not run say so."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    md, bars = build_table(args.out)
+    print(md)
+    (args.out / "table.md").write_text(md + "\n")
+    try:
+        plot_table(bars, args.out / "table.png")
+    except ImportError:
+        print("matplotlib missing: no PNG")
+
+
+# --- parity: one recipe on 1 and on N processes, same global batch and initial weights -------------------------
+
+_STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+PARITY_IMPORT = "titan_fp4six.integration.parity"
+
+
+def launch(nproc: int, args: list[str], dump: Path, *, env: dict | None = None, timeout: float = 600) -> str:
+    """Run `titan_fp4six.train` under torchrun with `nproc` local processes, in the repository root; return rank
+    0's log (raises on failure)."""
+    dump = dump.resolve()
+    dump.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "--local-ranks-filter=0", "-m", "titan_fp4six.train", *args, "--job.dump_folder", str(dump),
+           "--metrics.disable_color_printing"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    (dump / "log.txt").write_text(proc.stdout)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; log tail:\n{proc.stdout[-4000:]}")
+    return proc.stdout
+
+
+def losses(log: str) -> dict[int, float]:
+    """step -> global average loss, from torchtitan's step lines."""
+    return {int(step): float(loss) for step, loss in _STEP.findall(log)}
+
+
+def seed_checkpoint(args: list[str], dump: Path, **kw) -> Path:
+    """One process writes the initial weights (step 0) that both runs load (DTensor-sharded initialization does
+    not reproduce single-device initialization)."""
+    launch(1, [*args, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", "--checkpoint.folder", "seed",
+               "--parallelism.data_parallel_shard_degree", "1", "--parallelism.expert_parallel_degree", "1"], dump, **kw)
+    path = dump.resolve() / "seed" / "step-0"
+    if not path.is_dir():
+        raise RuntimeError(f"no seed checkpoint at {path}; see {dump / 'log.txt'}")
+    return path
+
+
+def from_seed(seed: Path) -> list[str]:
+    """Arguments that start a run from `seed` and save only the final model (fp32), in `<dump>/final`."""
+    return ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed), "--checkpoint.folder", "final",
+            "--checkpoint.interval", str(10**9), "--checkpoint.last_save_model_only", "--checkpoint.export_dtype",
+            "float32"]
+
+
+def model_weights(checkpoint: Path) -> dict:
+    """The model tensors of a torchtitan DCP checkpoint, loaded whole in this process."""
+    import torch
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        state = _load_state_dict_from_keys(checkpoint_id=str(checkpoint))
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def weight_drift(a: dict, b: dict, init: dict) -> float:
+    """||a - b|| / ||a - init|| over all model tensors: how far apart two runs ended, relative to how far they moved."""
+    apart = sum((a[k].double() - b[k].double()).square().sum() for k in a)
+    moved = sum((a[k].double() - init[k].double()).square().sum() for k in a)
+    return float((apart / moved).sqrt())
+
+
+@dataclass
+class Comparison:
+    losses_1: dict[int, float]
+    losses_n: dict[int, float]
+    drift: float
+    """weight_drift of the final models (one process vs N)."""
+
+
+def compare_processes(args: list[str], parallel_args: list[str], *, nproc: int, global_batch: int, steps: int,
+                      out: Path, custom_import: str = PARITY_IMPORT, seed: Path | None = None, **kw) -> Comparison:
+    """Train `steps` steps on 1 and on `nproc` processes from one seed checkpoint (made unless given) on the same
+    global batches (`custom_import` must import PARITY_IMPORT: every rank trains on its rows of the one-process
+    batch) with local_batch_size = global / nproc."""
+    if global_batch % nproc:
+        raise ValueError(f"--global-batch {global_batch} must be a multiple of --nproc {nproc}")
+    common = [*args, "--training.steps", str(steps), "--metrics.log_freq", "1",
+              "--experimental.custom_import", custom_import]
+    if seed is None:
+        seed = seed_checkpoint([*common, "--training.local_batch_size", str(global_batch)], out / "seed_run", **kw)
+    one = launch(1, [*common, *from_seed(seed), "--training.local_batch_size", str(global_batch)], out / "nproc1", **kw)
+    many = launch(nproc, [*common, *from_seed(seed), "--training.local_batch_size", str(global_batch // nproc),
+                          *parallel_args], out / f"nproc{nproc}", **kw)
+    out = out.resolve()
+    final = [model_weights(out / d / "final" / f"step-{steps}") for d in ("nproc1", f"nproc{nproc}")]
+    return Comparison(losses(one), losses(many), weight_drift(*final, model_weights(seed)))
+
+
+def cmd_parity(args, common):
+    """Prints one line per step and how far apart the final weights ended relative to how far they moved
+    (||W_1 - W_N|| / ||W_1 - W_init||); writes OUT/losses.json. --parallel-args are added to the N-process run
+    only (default `--parallelism.data_parallel_shard_degree N`). tests/test_distributed_parity.py drives the same
+    functions on the CPU."""
+    parallel = (args.parallel_args.split() if args.parallel_args is not None
+                else ["--parallelism.data_parallel_shard_degree", str(args.nproc)])
+    result = compare_processes(common, parallel, nproc=args.nproc, global_batch=args.global_batch, steps=args.steps,
+                               out=args.out)
+    rows = []
+    for step in sorted(result.losses_1):
+        a, b = result.losses_1[step], result.losses_n.get(step, float("nan"))
+        rows.append({"step": step, "loss_1": a, f"loss_{args.nproc}": b, "abs_diff": abs(a - b),
+                     "rel_diff": abs(a - b) / abs(a)})
+        print(f"step {step:3d}  1 proc {a:.5f}  {args.nproc} procs {b:.5f}  |diff| {abs(a - b):.5f}  "
+              f"rel {abs(a - b) / abs(a):.2e}")
+    worst = max(rows, key=lambda r: r["rel_diff"])
+    print(f"max rel diff {worst['rel_diff']:.2e} at step {worst['step']}; final weights: "
+          f"||W_1 - W_{args.nproc}|| / ||W_1 - W_init|| = {result.drift:.2e}")
+    (args.out / "losses.json").write_text(json.dumps({"steps": rows, "weight_drift": result.drift}, indent=1))
+
+
+# --- compile-parity: eager vs torch.compile training, against the same for bf16 and an eager repeat ------------
+
+def cmd_compile_parity(args, common):
+    """The DeepSeek-V3 debugmodel, 4/6 all Linears (eager, an eager repeat, compiled) and bf16 (eager, compiled),
+    side by side on one GPU: does the converted model compile and train, and how far do compiled losses move from
+    eager ones, against bf16 (where only Inductor's fusions of the unquantized ops move them) and against a repeat
+    of the eager run (GPU atomics in the MoE scatter/gather backward)?"""
+    args.out.mkdir(parents=True, exist_ok=True)
+    common = ["--training.steps", str(args.steps), "--metrics.log_freq", "1", "--training.seq_len", "512",
+              "--training.local_batch_size", "4", "--lr_scheduler.warmup_steps", "2", "--debug.seed", "0",
+              "--metrics.disable_color_printing", *common]
+    four_six, bf16 = f"{DS}_nvfp4_four_over_six_all_linears.toml", f"{DS}_bf16.toml"
+    runs = [Run("nvfp4_eager", four_six, ["--compile.no-enable"]),
+            Run("nvfp4_eager_repeat", four_six, ["--compile.no-enable"]),
+            Run("nvfp4_compile", four_six, ["--compile.enable"]),
+            Run("bf16_eager", bf16, ["--compile.no-enable"]), Run("bf16_compile", bf16, ["--compile.enable"])]
+    procs = {run.label: start(run, common, args.out / f"{run.label}.log") for run in runs}
+    loss = {}
+    for label, proc in procs.items():
+        print(f"{label} exit {wait(proc, None)}")
+        loss[label] = [r["loss"] for r in parse_steps((args.out / f"{label}.log").read_text())]
+    for a, b in (("nvfp4_eager", "nvfp4_eager_repeat"), ("nvfp4_eager", "nvfp4_compile"),
+                 ("bf16_eager", "bf16_compile")):
+        d = [abs(x - y) for x, y in zip(loss[a], loss[b])]
+        print(f"{a} vs {b}: steps {len(d)}, identical {sum(x == 0 for x in d)}, "
+              f"max |dloss| {max(d) if d else float('nan'):.6f}")
+
+
+# --- rl-signal: is the copy task learnable from its reward? --------------------------------------------------
+
+def cmd_rl_signal(args, common):
+    """Supervised vs policy-gradient updates of a fresh model on the one-symbol copy task (`<bos> s =` -> `s`),
+    on the CPU: the model's own forward (titan_fp4six.rl.forward, fast kernels) on the prompt only, no generator
+    or trainer, so what it isolates is the learning signal. Prints the mean reward and the greedy copy accuracy
+    (chance: 1 / len(alphabet)) every 5 steps. Modes: supervised (cross-entropy on the right symbol), grpo
+    (sampled answers, group-relative advantages), baseline (sampled answers, batch-mean baseline)."""
+    import copy
+    import random
+
+    import torch
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from titan_fp4six.integration import flavors  # noqa: F401  (registers the "tiny" flavor)
+    from titan_fp4six.integration.cpu import apply as cpu_patches
+    from titan_fp4six.rl import grpo
+    from titan_fp4six.rl.forward import forward, kernels
+    from titan_fp4six.rl.task import CopyTask, Vocabulary
+
+    cpu_patches()
+    torch.manual_seed(0)
+    spec = get_train_spec("qwen3")
+    model_args = copy.deepcopy(spec.model_args[args.flavor])
+    model_args.moe_args.use_grouped_mm = False  # CPU
+    model = spec.model_cls(model_args)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    task = CopyTask(Vocabulary.from_tokenizer("titan_fp4six/integration/embedded", args.alphabet), 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    rng, ops = random.Random(0), kernels(False)
+    for step in range(args.steps):
+        prompts = [q for q in task.prompts(args.prompts, rng) for _ in range(args.group_size)]
+        tokens = torch.tensor(prompts)
+        logprobs = forward(model, tokens, torch.arange(tokens.shape[1]).expand(len(prompts), -1), ops)[:, -1]
+        if args.mode == "supervised":
+            answers, weights = tokens[:, 1], torch.ones(len(prompts))
+        else:
+            answers = torch.multinomial(logprobs.detach().exp(), 1).squeeze(-1)
+        rewards = torch.tensor([task.reward(q, [int(a)]) for q, a in zip(prompts, answers)])
+        if args.mode == "grpo":
+            weights = grpo.group_advantages(rewards, args.group_size)
+        elif args.mode == "baseline":
+            weights = rewards - rewards.mean()
+        loss = -(weights * logprobs.gather(-1, answers[:, None]).squeeze(-1)).mean()
+        loss = loss - args.entropy_coef * grpo.entropy(logprobs).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 5 == 0 or step == args.steps - 1:
+            accuracy = (logprobs.argmax(-1) == tokens[:, 1]).float().mean()
+            print(f"step {step:4d}  reward {float(rewards.mean()):.3f}  greedy copy accuracy {float(accuracy):.3f}",
+                  flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scripts.runs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name, fn, what):
+        s = sub.add_parser(name, help=what, description=fn.__doc__)
+        s.set_defaults(handler=fn)
+        return s
+
+    s = add("throughput", cmd_throughput, "tokens/s and peak memory of recipes against the first, eager and compiled")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
+    s.add_argument("--modes", default="eager,compiled", help="comma list of: " + ", ".join(MODES))
+    s.add_argument("--steps", type=int, default=25)
+    s.add_argument("--warmup", type=int, default=10)
+    s.add_argument("--repeat", type=int, default=1, help="train the list of runs this many times, in turn")
+    s.add_argument("--timeout", type=float, default=None, help="seconds per training before it is stopped")
+    s.add_argument("--budget", type=float, default=None,
+                   help="seconds for all trainings together; a run that would start with under 15 s left is skipped")
+    s = add("profile", cmd_profile, "one profiled training step per recipe: where its time goes")
+    s.add_argument("out", type=Path)
+    s.add_argument("configs", nargs="+")
+    s.add_argument("--timeout", type=float, default=240, help="seconds per recipe")
+    s = add("perf", cmd_perf, "docs/performance.md's table in one sitting on one GPU")
+    s.add_argument("out", type=Path)
+    s.add_argument("parts", nargs="*", metavar="PART", help=f"parts to run, from {', '.join(PERF_PARTS)} (default all)")
+    s.add_argument("--steps", type=int, default=30, help="steps of each debug-recipe training")
+    s.add_argument("--repeat", type=int, default=2, help="times the debug lists are trained over")
+    s.add_argument("--debug-budget", type=int, default=440, help="seconds for all debug-recipe trainings")
+    s.add_argument("--big-budget", type=int, default=420, help="seconds for the 30B-shaped trainings")
+    s.add_argument("--compiled", action="store_true", help="also the compiled 30B pair")
+    s.add_argument("--profile-twins", action="store_true", help="also profile the bf16 twins")
+    s = add("table", cmd_table, "the performance table from what a `perf` output directory holds")
+    s.add_argument("out", type=Path, help="the output directory of `perf`")
+    s = add("parity", cmd_parity, "a recipe on 1 and on N processes, same global batches and initial weights")
+    s.add_argument("--nproc", type=int, default=2)
+    s.add_argument("--global-batch", type=int, required=True)
+    s.add_argument("--steps", type=int, default=20)
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--parallel-args", default=None, help="extra arguments of the N-process run (one string)")
+    s = add("compile-parity", cmd_compile_parity, "eager vs compiled losses, 4/6 against bf16")
+    s.add_argument("out", type=Path)
+    s.add_argument("--steps", type=int, default=6)
+    s = add("rl-signal", cmd_rl_signal, "is the copy task learnable from its reward (CPU)")
+    s.add_argument("--mode", choices=("supervised", "grpo", "baseline"), required=True)
+    s.add_argument("--flavor", default="tiny", help="tiny: the package's 2-layer flavor; debugmodel_moe: the recipe's")
+    s.add_argument("--alphabet", default="0123")
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--steps", type=int, default=100)
+    s.add_argument("--prompts", type=int, default=32)
+    s.add_argument("--group-size", type=int, default=8)
+    s.add_argument("--entropy-coef", type=float, default=0.0)
+    return p
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, common = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = parser()
+    args = p.parse_args(own)
+    if args.command == "perf" and set(args.parts) - set(PERF_PARTS):
+        p.error(f"perf parts must be from {', '.join(PERF_PARTS)}; got {' '.join(args.parts)}")
+    args.handler(args, common)
+
+
+if __name__ == "__main__":
+    main()
