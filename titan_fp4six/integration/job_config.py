@@ -11,7 +11,10 @@ loads, with its TOML key named. No `from __future__ import annotations` here: th
 
 from dataclasses import dataclass, field
 
-from . import converters, data, flavors
+from .version import require
+
+require("0.2", "titan_fp4six.integration.job_config")
+from . import converters, data, flavors  # noqa: E402 (after the version check: these import torchtitan 0.2)
 from .sections import make_section
 
 FourOverSixLinearConfig = make_section("FourOverSixLinearConfig", __name__, False, ["output", "router.gate"])

@@ -17,7 +17,7 @@ def installed() -> str:
         return metadata.version("torchtitan")
     except metadata.PackageNotFoundError:
         raise ImportError(f"torchtitan is not installed; titan_fp4six supports {', '.join(SUPPORTED.values())}: "
-                          "pip install 'titan_fp4six' (0.2) or 'titan_fp4six[tt03]' (0.3)") from None
+                          "bash scripts/setup.sh (0.2), then bash scripts/setup_tt03.sh for 0.3") from None
 
 
 def series(version: str | None = None) -> str:

@@ -7,7 +7,7 @@ configs carry the same fields as the 0.2 TOML sections (sections.py, derived fro
 when built; selection, the bf16 layer window and the checks are rules.py's, as in 0.2.
 
 `has_quantization` (torchtitan's test of whether MFU may use the bf16 peak) knows only torchtitan's converters;
-`install()` extends it to these configs, so a converted model reports True and a stock one False.
+`install()` (run on import) extends it to these configs, so a converted model reports True and a stock one False.
 """
 
 import functools
@@ -105,7 +105,6 @@ class _Converter(QuantizationConverter):
         self.recipe = config.recipe()
         rules.check_implementations(self.recipe, self.section)
         metrics.install()
-        install()
         run_backward_on_calling_thread()  # torchtitan converts on the thread that trains
         hint_without_expandable_segments()
 
@@ -180,3 +179,6 @@ def install() -> None:
         return stock(model_config) or converted(model_config)
 
     quant_utils.has_quantization = tt_trainer.has_quantization = has_quantization
+
+
+install()
