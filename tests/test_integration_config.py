@@ -9,7 +9,7 @@ from torchtitan.models.moe import utils as moe_utils
 from torchtitan.protocols.model_converter import build_model_converters
 
 from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
-from titan_fp4six.integration.converters import fqn_matches
+from titan_fp4six.integration.rules import fqn_matches
 from titan_fp4six.modules import GROUP_ALIGN
 from titan_fp4six.ops import FourOverSixRecipe
 

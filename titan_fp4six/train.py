@@ -1,7 +1,9 @@
 """``python -m titan_fp4six.train``: torchtitan.train with the titan_fp4six plugin, on the CPU when there is no GPU.
 
-Same CLI as ``torchtitan.train`` (``--job.config_file recipe.toml --section.key value``), runnable under torchrun
-or as a single process (the rendezvous variables torchrun would set are filled in for one rank).
+Same CLI as the installed ``torchtitan.train``: 0.2.x ``--job.config_file recipe.toml --section.key value``, 0.3.x
+``--module titan_fp4six.integration.tt03 --config <recipe> --section.key value`` (the integration is picked by the
+installed version; another version is an error naming both). Runnable under torchrun or as a single process (the
+rendezvous variables torchrun would set are filled in for one rank).
 """
 
 import contextlib
@@ -94,7 +96,31 @@ def _recording(module, name: str, results: list):
         setattr(module, name, original)
 
 
+def prepare_process_tt03() -> None:
+    """prepare_process for torchtitan 0.3: the same steps with its CPU patches and what its torch lacks (compat);
+    the registry adds the data."""
+    from titan_fp4six.integration.allocator import expandable_segments_by_default
+    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+    from titan_fp4six.integration.tt03 import compat, cpu
+    from titan_fp4six.ops.gemm import check_environment
+
+    check_environment()
+    expandable_segments_by_default()
+    if not torch.cuda.is_available():
+        cpu.apply()
+    compat.apply()
+    _single_process_env()
+    run_backward_on_calling_thread()
+
+
 def main() -> None:
+    from titan_fp4six.integration.version import series
+
+    if series() == "0.3":
+        prepare_process_tt03()
+        from torchtitan.train import main as torchtitan_main
+
+        return torchtitan_main()
     prepare_process()
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.train import Trainer

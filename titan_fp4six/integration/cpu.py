@@ -1,4 +1,4 @@
-"""The CPU adjustments torchtitan 0.2.2 needs to train with no accelerator, applied by ``apply()`` in one place.
+"""The CPU adjustments torchtitan 0.2.2 needs (0.3: tt03/cpu.py, sharing the helpers here) to train with no accelerator, applied by ``apply()`` in one place.
 
 Why: torchtitan picks "cuda" when no accelerator is present and fails at ``set_device``; its memory monitor asks
 ``torch.cuda`` for memory statistics; MoE token permutation runs a Triton kernel unless told to use its CPU path;
@@ -75,7 +75,7 @@ def _histc_float_on_cpu(histc):
     return wrapper
 
 
-def _sum_reductions(disable_division):
+def sum_reductions(disable_division):
     """FSDP2 reduce-scatters with plain SUM (gloo has no PREMUL_SUM); the divide factor stays torchtitan's 1.0."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -87,6 +87,17 @@ def _sum_reductions(disable_division):
                 module.set_force_sum_reduction_for_comms(True)
 
     return wrapper
+
+
+def point_at_cpu(modules) -> None:
+    """Device type "cpu" and host-memory statistics in every torchtitan module that imported torchtitan's
+    `device_type` / `device_module` at import time (both versions)."""
+    device_module = _device_module()
+    for module in modules:
+        if hasattr(module, "device_type"):
+            module.device_type = "cpu"
+        if hasattr(module, "device_module"):
+            module.device_module = device_module
 
 
 def apply() -> None:
@@ -104,19 +115,13 @@ def apply() -> None:
     import torchtitan.tools.profiling as profiling
     import torchtitan.tools.utils as tt_utils
 
-    device_module = _device_module()
-    # 1. device type "cpu" (gloo follows from it in init_distributed) and host-memory statistics, in every
-    #    module that imported the names at import time
-    for module in (tt_utils, metrics, dist_utils, parallel_dims, profiling):
-        if hasattr(module, "device_type"):
-            module.device_type = "cpu"
-        if hasattr(module, "device_module"):
-            module.device_module = device_module
+    # 1. device type "cpu" (gloo follows from it in init_distributed) and host-memory statistics
+    point_at_cpu((tt_utils, metrics, dist_utils, parallel_dims, profiling))
     # 2. token permutation on its CPU path (the default launches a Triton kernel)
     moe_utils.generate_permute_indices = functools.partial(moe_kernels.generate_permute_indices, use_cpu=True)
     # 3. torch.histc of expert indices: computed on float input (CPU has no integer kernel), counts cast back
     torch.histc = _histc_float_on_cpu(torch.histc)
     # 4. FSDP2 gradient reduce-scatter as SUM (gloo); llama4's apply_fsdp (DeepSeek-V3, Qwen3) imported the name
     for module in (llama3_parallelize, llama4_parallelize):
-        module.disable_fsdp_gradient_division = _sum_reductions(module.disable_fsdp_gradient_division)
+        module.disable_fsdp_gradient_division = sum_reductions(module.disable_fsdp_gradient_division)
     _applied = True

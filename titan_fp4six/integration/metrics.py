@@ -8,7 +8,8 @@ F / (F_fp4 / P_fp4 + (F - F_fp4) / P_bf16), so MFU = 100 * achieved / attainable
 Hook: torchtitan gives converters no handle on its MetricsProcessor, and the processor is built by
 `torchtitan.train` (or a copy of it run as `__main__`), so a wrapper is installed once on
 `MetricsProcessor.log` when a four-over-six converter is built. Before calling the original it sets
-`gpu_peak_flops` to the matching peak (logged once, saying which peak it is), adds the map-to-4 fraction
+`gpu_peak_flops` to the matching peak (logged once, saying which peak it is; torchtitan 0.3, which reports no MFU
+for a model with `has_quantization`, is told the peak now matches), adds the map-to-4 fraction
 to `extra_metrics` (so tensorboard/wandb get it) and, through a logging filter held for that call only,
 appends `four_over_six map4: <fraction>` to torchtitan's console step line. A second wrapper on
 `MetricsProcessor.should_log` (which torchtitan calls at the end of every step) turns the map-to-4 counting on
@@ -103,7 +104,12 @@ def select_peak(device_name: str, bf16_peak: float, flops_per_token: float, fp4_
 def _peak_for(processor: MetricsProcessor) -> MfuPeak:
     peak = getattr(processor, "_four_over_six_peak", None)
     if peak is None:
-        native = native_fp4(processor.job_config, processor.parallel_dims)
+        job_config = getattr(processor, "job_config", None)
+        if job_config is None:  # torchtitan 0.3's processor has no job config; the plugin's trainer hands it over
+            raise RuntimeError("four_over_six MFU needs the run's config on torchtitan's MetricsProcessor: with "
+                               "torchtitan 0.3, train with titan_fp4six.integration.tt03's FourOverSixTrainer "
+                               "(its registry functions do)")
+        native = native_fp4(job_config, processor.parallel_dims)
         peak = select_peak(processor.device_memory_monitor.device_name, processor.gpu_peak_flops,
                            processor.num_flops_per_token, fp4_flops_per_token(), native)
         processor._four_over_six_peak = peak
@@ -133,6 +139,7 @@ def install() -> None:
     @functools.wraps(original)
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         self.gpu_peak_flops = _peak_for(self).flops
+        self.has_quantization = False  # torchtitan 0.3 drops MFU for quantized models (bf16 peak); this peak matches
         fraction = MAP4_STATS.read_and_reset()
         extra = dict(extra_metrics or {})
         if fraction is not None:

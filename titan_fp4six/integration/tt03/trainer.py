@@ -1,0 +1,101 @@
+"""The torchtitan 0.3 Trainer with the plugin's CLI sections: `--model.converters` and
+`--quantize.{linear,grouped_mm}.four_over_six.<knob>`, the same keys as the 0.2 TOML recipes.
+
+torchtitan 0.3 converts the model config inside the registry function, before the command line is read, so a knob
+given there could not be overridden. The registry functions (config_registry) instead return this trainer's Config
+with the sections filled in, and the trainer applies the converters the config lists after parsing, before
+torchtitan builds the model. It also hands the run's config to the MFU peak (metrics), and drops cached weight
+quantizations after every optimizer step (cache_weights). On the CPU (the launcher's patches applied) attention is
+causal SDPA (tt03/cpu.py).
+"""
+
+from dataclasses import dataclass, field
+
+from torchtitan.trainer import Trainer
+
+from ...modules.weight_cache import invalidate_weight_caches
+from .. import rules
+from . import cpu
+from ..sections import FAMILY
+from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
+
+CONVERTERS = {f"quantize.linear.{FAMILY}": ("linear", FourOverSixLinearConverter),
+              f"quantize.grouped_mm.{FAMILY}": ("grouped_mm", FourOverSixGroupedExpertsConverter)}
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSection:
+    converters: list[str] = field(default_factory=list)
+    """The plugin's converters to apply, in order: quantize.linear.four_over_six, quantize.grouped_mm.four_over_six."""
+
+
+@dataclass(kw_only=True, slots=True)
+class QuantizedLinear:
+    four_over_six: FourOverSixLinearConverter.Config = field(default_factory=FourOverSixLinearConverter.Config)
+
+
+@dataclass(kw_only=True, slots=True)
+class QuantizedGroupedMM:
+    four_over_six: FourOverSixGroupedExpertsConverter.Config = field(
+        default_factory=FourOverSixGroupedExpertsConverter.Config)
+
+
+@dataclass(kw_only=True, slots=True)
+class Quantize:
+    linear: QuantizedLinear = field(default_factory=QuantizedLinear)
+    grouped_mm: QuantizedGroupedMM = field(default_factory=QuantizedGroupedMM)
+
+
+def sections(config) -> dict[str, object]:
+    """The converter configs by converter name."""
+    return {name: getattr(getattr(config.quantize, kind), FAMILY) for name, (kind, _) in CONVERTERS.items()}
+
+
+def check_config(config) -> None:
+    """Converter names, sections without their converter, and the settings no section can run under."""
+    listed = config.model.converters
+    unknown = [n for n in listed if n not in CONVERTERS]
+    if unknown:
+        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
+                         f"{', '.join(CONVERTERS)}")
+    for name, cfg in sections(config).items():
+        kind = CONVERTERS[name][0]
+        if name not in listed:
+            if cfg != type(cfg)():
+                raise ValueError(f"[{name}] is configured but model.converters={listed} does not list {name!r}, so "
+                                 f"nothing would be quantized (a plain bf16 run): add it to model.converters, or "
+                                 f"drop the [{name}] settings")
+            continue
+        if cfg.fidelity_every:
+            raise ValueError(f"{name}.fidelity_every={cfg.fidelity_every}: the fidelity telemetry runs with "
+                             "torchtitan 0.2.x only; set it to 0 (python -m titan_fp4six.fidelity measures a "
+                             "checkpoint either way)")
+        par = config.parallelism
+        rules.check_context(kind, cfg, listed, config.compile, par.tensor_parallel_degree)
+        if kind == "grouped_mm" and par.tensor_parallel_degree > 1:
+            raise ValueError(f"{name} with parallelism.tensor_parallel_degree={par.tensor_parallel_degree}: experts "
+                             "must hold whole weights per rank; use expert_parallel_degree instead")
+
+
+class FourOverSixTrainer(Trainer):
+    """torchtitan 0.3's Trainer, converting the model config first; see the module docstring."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        model: ModelSection = field(default_factory=ModelSection)
+        quantize: Quantize = field(default_factory=Quantize)
+
+    def __init__(self, config: Config):
+        check_config(config)
+        spec, compiled = config.model_spec, config.compile.enable and "model" in config.compile.components
+        if cpu.applied():
+            cpu.causal_sdpa(spec.model)
+        for name in config.model.converters:
+            cfg = sections(config)[name]
+            cfg.model_compile_enabled = compiled
+            spec.model = cfg.build().convert(spec.model)
+        super().__init__(config)
+        self.metrics_processor.job_config = config  # the MFU peak's compute dtype (metrics.compute_dtype)
+        if any(cfg.cache_weights for name, cfg in sections(config).items() if name in config.model.converters):
+            self.optimizers.register_step_post_hook(
+                lambda *_: [invalidate_weight_caches(part) for part in self.model_parts])
