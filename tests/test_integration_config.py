@@ -51,39 +51,8 @@ backward = "dequantized"
     assert lin.recipe() == converters[0].recipe  # built and checked when the config loads
 
 
-@pytest.mark.parametrize("line, match", [
-    ("scale_bound = 448.0", rf"\[{LIN}\] {LIN}.scale_bound=448.0 is not supported.*type int; got float"),
-    ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
-    ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
-    ("allow_empty = 1", rf"{LIN}.allow_empty=1; it must be true or false"),
-    ("cache_weights = 1", rf"{LIN}.cache_weights=1; it must be true or false"),
-])
-def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
-    """A TOML float equal to a valid int (or a bool) is refused when the config loads, naming the key."""
-    toml = tmp_path / "recipe.toml"
-    toml.write_text(f'''
-[job]
-custom_config_module = "{CONFIG_MODULE}"
-[model]
-converters = ["{LIN}"]
-[quantize.linear.four_over_six]
-{line}
-''')
-    from torchtitan.config.manager import ConfigManager
-
-    with pytest.raises(ValueError, match=match):  # while the config loads
-        ConfigManager().parse_args(["--job.config_file", str(toml)])
-
-
-@pytest.mark.parametrize("section, line, match", [
-    (LIN, 'filter_fqns = "output"', rf"{LIN}.filter_fqns='output'; it must be a list of strings .*"
-                                     r'filter_fqns = \["output"\]'),
-    (GMM, 'fqns = "experts"', rf"{GMM}.fqns='experts'; it must be a list of strings .*fqns = \[\"experts\"\]"),
-    (LIN, "fqns = [1]", rf"{LIN}.fqns=\[1\]; it must be a list of strings"),
-])
-def test_module_lists_given_as_strings_are_config_errors(tmp_path, section, line, match):
-    """A TOML string where a list belongs would be matched character by character (the all-Linears recipe then
-    converted the LM head): refused when the config loads, with the list it meant."""
+def _refused_at_config_load(tmp_path, section: str, line: str, match: str) -> None:
+    """A recipe converting with `section` whose section holds `line` is refused while the config loads."""
     toml = tmp_path / "recipe.toml"
     toml.write_text(f'''
 [job]
@@ -97,6 +66,30 @@ converters = ["{section}"]
 
     with pytest.raises(ValueError, match=match):
         ConfigManager().parse_args(["--job.config_file", str(toml)])
+
+
+@pytest.mark.parametrize("line, match", [
+    ("scale_bound = 448.0", rf"\[{LIN}\] {LIN}.scale_bound=448.0 is not supported.*type int; got float"),
+    ("bf16_last_layers = 1.0", rf"{LIN}.bf16_last_layers=1.0; it must be an integer"),
+    ("bf16_first_layers = true", rf"{LIN}.bf16_first_layers=True; it must be an integer"),
+    ("allow_empty = 1", rf"{LIN}.allow_empty=1; it must be true or false"),
+    ("cache_weights = 1", rf"{LIN}.cache_weights=1; it must be true or false"),
+])
+def test_toml_knobs_of_the_wrong_type_are_config_errors(tmp_path, line, match):
+    """A TOML float equal to a valid int (or a bool) is refused when the config loads, naming the key."""
+    _refused_at_config_load(tmp_path, LIN, line, match)
+
+
+@pytest.mark.parametrize("section, line, match", [
+    (LIN, 'filter_fqns = "output"', rf"{LIN}.filter_fqns='output'; it must be a list of strings .*"
+                                     r'filter_fqns = \["output"\]'),
+    (GMM, 'fqns = "experts"', rf"{GMM}.fqns='experts'; it must be a list of strings .*fqns = \[\"experts\"\]"),
+    (LIN, "fqns = [1]", rf"{LIN}.fqns=\[1\]; it must be a list of strings"),
+])
+def test_module_lists_given_as_strings_are_config_errors(tmp_path, section, line, match):
+    """A TOML string where a list belongs would be matched character by character (the all-Linears recipe then
+    converted the LM head): refused when the config loads, with the list it meant."""
+    _refused_at_config_load(tmp_path, section, line, match)
 
 
 def test_defaults_keep_lm_head_and_router_in_bf16():
