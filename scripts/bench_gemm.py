@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
-from titan_fp4six.ops import blackwell
-from titan_fp4six.ops.gemm import decode_on
+from titan_fp4six.dispatch.backend import backends_for
 
 DENSE = [  # name, tokens M, in K, out N
     ("dsv3 attn wq_a 7168->1536", 8192, 7168, 1536),
@@ -97,8 +96,8 @@ def main():
     timer, gen = _timer(device), torch.Generator().manual_seed(0)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, GEMM backend: "
-          f"{'Blackwell NVFP4' if blackwell.available(device) else 'emulated (bf16 decode, FP32 accumulation)'}, "
-          f"bf16 decode for emulation {decode_on(device, 'auto')}; fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
+          f"{'Blackwell NVFP4' if backends_for('auto', 'auto', device).fp4 else 'emulated (bf16 decode, FP32 accumulation)'}, "
+          f"bf16 decode for emulation {not backends_for('auto', 'auto', device).fp4}; fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
     print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
 
     for label, m, k, n in QUICK_DENSE if args.quick else DENSE:

@@ -26,6 +26,7 @@ from titan_fp4six.kernels import amax as ka
 from titan_fp4six.kernels import decode as kd
 from titan_fp4six.kernels import epilogue as ke
 from titan_fp4six.kernels import quantize as kq
+from titan_fp4six.numerics.spec import NVFP4, OperandSpec
 from titan_fp4six.kernels.launch import FastLaunch
 from titan_fp4six.numerics import reference
 
@@ -56,18 +57,18 @@ def run_shape(m, k, rep_ms, rounds):
         return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
 
     fns = {
-        "nv_dec": lambda: kq.nvfp4_quantize_decode(x, amax),
-        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.nvfp4_quantize(x, amax)[:2]),
-        "col46": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, False),
-        "col46_unfused": lambda: kq.four_over_six_quantize(transposed(), amax, "1x16", "mse", 256),
-        "col46d": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True),
-        "col46d_unfused": lambda: kq.four_over_six_quantize_decode(transposed(), amax, "1x16", "mse", 256),
-        "colnv": lambda: kq.nvfp4_quantize_columnwise(x, amax, False),
-        "colnv_unfused": lambda: kq.nvfp4_quantize(transposed(), amax),
-        "colnvd": lambda: kq.nvfp4_quantize_columnwise(x, amax, True),
-        "colnvd_unfused": lambda: kq.nvfp4_quantize_decode(transposed(), amax),
+        "nv_dec": lambda: kq.quantize(x, amax, NVFP4, True),
+        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.quantize(x, amax, NVFP4)[:2]),
+        "col46": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), False),
+        "col46_unfused": lambda: kq.quantize(transposed(), amax, OperandSpec()),
+        "col46d": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), True),
+        "col46d_unfused": lambda: kq.quantize(transposed(), amax, OperandSpec(), True),
+        "colnv": lambda: kq.quantize_columnwise(x, amax, NVFP4, False),
+        "colnv_unfused": lambda: kq.quantize(transposed(), amax, NVFP4),
+        "colnvd": lambda: kq.quantize_columnwise(x, amax, NVFP4, True),
+        "colnvd_unfused": lambda: kq.quantize(transposed(), amax, NVFP4, True),
     }
-    codes, scales = kq.nvfp4_quantize(x, amax)
+    codes, scales = kq.quantize(x, amax, NVFP4)[:2]
     fns.update({
         "dec": lambda: kd.decode_block_scaled(codes, scales),
         "dec_unfused": lambda: numerics.decode_block_scaled(codes, scales),

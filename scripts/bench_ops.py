@@ -104,10 +104,11 @@ def main():
     row("public four_over_six_quantize 1024x1024 host (us)", host_us(quantize, args.iters), "us")
     if device == "cuda":
         from titan_fp4six.kernels import quantize as kq
+        from titan_fp4six.numerics.spec import OperandSpec
 
         big = torch.randn(8192, 5120, generator=gen).to(device, torch.bfloat16)
         big_amax = tensor_amax(big)
-        kernel = gpu_ms(lambda: kq.four_over_six_quantize(big, big_amax, "1x16", "mse", 256), args.iters)
+        kernel = gpu_ms(lambda: kq.quantize(big, big_amax, OperandSpec()), args.iters)
         public = gpu_ms(lambda: four_over_six_quantize(big, big_amax), args.iters)
         row("four_over_six_quantize 8192x5120: the kernel alone (ms)", kernel, "ms")
         row("four_over_six_quantize 8192x5120: public call (ms)", public, "ms", public / kernel)

@@ -20,6 +20,7 @@ import triton
 from titan_fp4six import dispatch
 from titan_fp4six.kernels import amax as kamax
 from titan_fp4six.kernels import quantize as kq
+from titan_fp4six.numerics.spec import NVFP4, OperandSpec
 from titan_fp4six.numerics import reference
 
 CASES = (  # (rows, cols, amax mode, block)
@@ -62,9 +63,9 @@ def run_case(rows, cols, mode, block, rep_ms, rounds):
     quant_bytes = n * 2 + n // 2 + 2 * (n // 16)  # read bf16 x; write codes, scales, map4 (amax is negligible)
     dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
     t = _least_of_rounds({
-        "fos": lambda: kq.four_over_six_quantize(x, amax, block, "mse", 256),
-        "fused": lambda: kq.four_over_six_quantize_decode(x, amax, block, "mse", 256),
-        "std": lambda: kq.nvfp4_quantize(x, amax),
+        "fos": lambda: kq.quantize(x, amax, OperandSpec(block=block)),
+        "fused": lambda: kq.quantize(x, amax, OperandSpec(block=block), True),
+        "std": lambda: kq.quantize(x, amax, NVFP4),
         "copy_q": _copy(quant_bytes),
         "copy_d": _copy(dec_bytes),
         "amax_kernel": lambda: kamax.row_amax(x) if mode == "row" else kamax.tensor_amax(x),
@@ -72,7 +73,7 @@ def run_case(rows, cols, mode, block, rep_ms, rounds):
     }, rep_ms, rounds)
     fos, fused, std, copy_q, copy_d = t["fos"], t["fused"], t["std"], t["copy_q"], t["copy_d"]
     ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 2)
-    exact = _same(kq.four_over_six_quantize(x, amax, block, "mse", 256),
+    exact = _same(kq.quantize(x, amax, OperandSpec(block=block))[:3],
                   reference.four_over_six_reference(x, amax, block, "mse", 256))
     print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e6:6.0f} GB/s "
           f"= {copy_q / fos:5.1%} of copy | ref {ref:8.2f} ms x{ref / fos:6.1f} bitwise={exact} | "
@@ -100,9 +101,9 @@ def exact_path_cost(rep_ms):
     arithmetic) against the same tensor's fast path."""
     x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
     amax = dispatch.tensor_amax(x)
-    fast = _ms(lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256), rep_ms)
+    fast = _ms(lambda: kq.quantize(x, amax, OperandSpec()), rep_ms)
     tiny = torch.tensor(1e-30, device="cuda")
-    slow = _ms(lambda: kq.four_over_six_quantize(x, tiny, "1x16", "mse", 256), rep_ms)
+    slow = _ms(lambda: kq.quantize(x, tiny, OperandSpec()), rep_ms)
     print(f"16384x7168 1x16, every chunk on the exact path (amax 1e-30): {slow:.3f} ms = "
           f"{slow / fast:.1f}x the fast path")
 

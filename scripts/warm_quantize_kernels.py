@@ -39,6 +39,7 @@ def _compile(variant) -> str:
     from titan_fp4six.kernels import quantize as kq
     from titan_fp4six.numerics.formats import map4_count_buffer
     from titan_fp4six.numerics.reference import RowGroups
+    from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
     dtype, block, err_mode, bound, decode, row_amax, map4, groups = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))
@@ -47,14 +48,13 @@ def _compile(variant) -> str:
     if groups:
         groups = RowGroups(torch.zeros(16, dtype=torch.int64, device="cuda"), 1, amax_by_group=groups == "group")
     if block == "columnwise":
-        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode, map4=mask)
+        kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", err_mode, bound, True), decode, map4=mask)
     elif block == "nvfp4_columnwise":
-        kq.nvfp4_quantize_columnwise(x, amax, decode)
+        kq.quantize_columnwise(x, amax, NVFP4, decode)
     elif block == "nvfp4":
-        (kq.nvfp4_quantize_decode if decode else kq.nvfp4_quantize)(x, amax)
+        kq.quantize(x, amax, NVFP4, decode)
     else:
-        run = kq.four_over_six_quantize_decode if decode else kq.four_over_six_quantize
-        run(x, amax, block, err_mode, bound, groups=groups, map4=mask)
+        kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), decode, groups=groups, map4=mask)
     torch.cuda.synchronize()
     return str(variant)
 
