@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from titan_fp4six import (FourOverSixRecipe, dispatch, four_over_six_grouped_mm, four_over_six_linear,
                           four_over_six_quantize, numerics, tensor_amax)
 from titan_fp4six.numerics import reference
+from titan_fp4six.numerics.spec import NVFP4, OperandSpec, four_over_six_spec
 
 
 def _needs_cuda(command: str) -> None:
@@ -87,9 +88,9 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     quant_bytes = n * 2 + n // 2 + 2 * (n // 16)  # read bf16 x; write codes, scales, map4 (amax is negligible)
     dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
     t = _least_of_rounds({
-        "fos": lambda: kq.four_over_six_quantize(x, amax, block, "mse", 256),
-        "fused": lambda: kq.four_over_six_quantize_decode(x, amax, block, "mse", 256),
-        "std": lambda: kq.nvfp4_quantize(x, amax),
+        "fos": lambda: kq.quantize(x, amax, OperandSpec(block=block)),
+        "fused": lambda: kq.quantize(x, amax, OperandSpec(block=block), True),
+        "std": lambda: kq.quantize(x, amax, NVFP4),
         "copy_q": _copy(quant_bytes),
         "copy_d": _copy(dec_bytes),
         "amax_kernel": lambda: kamax.row_amax(x) if mode == "row" else kamax.tensor_amax(x),
@@ -97,7 +98,7 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     }, rep_ms, rounds)
     fos, fused, std, copy_q, copy_d = t["fos"], t["fused"], t["std"], t["copy_q"], t["copy_d"]
     ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 2)
-    exact = _same(kq.four_over_six_quantize(x, amax, block, "mse", 256),
+    exact = _same(kq.quantize(x, amax, OperandSpec(block=block))[:3],
                   reference.four_over_six_reference(x, amax, block, "mse", 256))
     print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e6:6.0f} GB/s "
           f"= {copy_q / fos:5.1%} of copy | ref {ref:8.2f} ms x{ref / fos:6.1f} bitwise={exact} | "
@@ -113,9 +114,9 @@ def exact_path_cost(rep_ms):
 
     x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
     amax = dispatch.tensor_amax(x)
-    fast = _ms(lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256), rep_ms)
+    fast = _ms(lambda: kq.quantize(x, amax, OperandSpec()), rep_ms)
     tiny = torch.tensor(1e-30, device="cuda")
-    slow = _ms(lambda: kq.four_over_six_quantize(x, tiny, "1x16", "mse", 256), rep_ms)
+    slow = _ms(lambda: kq.quantize(x, tiny, OperandSpec()), rep_ms)
     print(f"16384x7168 1x16, every chunk on the exact path (amax 1e-30): {slow:.3f} ms = "
           f"{slow / fast:.1f}x the fast path")
 
@@ -157,18 +158,18 @@ def operand_kernels(m, k, rep_ms, rounds):
         return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
 
     fns = {
-        "nv_dec": lambda: kq.nvfp4_quantize_decode(x, amax),
-        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.nvfp4_quantize(x, amax)[:2]),
-        "col46": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, False),
-        "col46_unfused": lambda: kq.four_over_six_quantize(transposed(), amax, "1x16", "mse", 256),
-        "col46d": lambda: kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True),
-        "col46d_unfused": lambda: kq.four_over_six_quantize_decode(transposed(), amax, "1x16", "mse", 256),
-        "colnv": lambda: kq.nvfp4_quantize_columnwise(x, amax, False),
-        "colnv_unfused": lambda: kq.nvfp4_quantize(transposed(), amax),
-        "colnvd": lambda: kq.nvfp4_quantize_columnwise(x, amax, True),
-        "colnvd_unfused": lambda: kq.nvfp4_quantize_decode(transposed(), amax),
+        "nv_dec": lambda: kq.quantize(x, amax, NVFP4, True),
+        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.quantize(x, amax, NVFP4)[:2]),
+        "col46": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), False),
+        "col46_unfused": lambda: kq.quantize(transposed(), amax, OperandSpec()),
+        "col46d": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), True),
+        "col46d_unfused": lambda: kq.quantize(transposed(), amax, OperandSpec(), True),
+        "colnv": lambda: kq.quantize_columnwise(x, amax, NVFP4, False),
+        "colnv_unfused": lambda: kq.quantize(transposed(), amax, NVFP4),
+        "colnvd": lambda: kq.quantize_columnwise(x, amax, NVFP4, True),
+        "colnvd_unfused": lambda: kq.quantize(transposed(), amax, NVFP4, True),
     }
-    codes, scales = kq.nvfp4_quantize(x, amax)
+    codes, scales = kq.quantize(x, amax, NVFP4)[:2]
     fns.update({
         "dec": lambda: kd.decode_block_scaled(codes, scales),
         "dec_unfused": lambda: numerics.decode_block_scaled(codes, scales),
@@ -349,15 +350,14 @@ def _offsets(rows, experts, device, gen):
 
 
 def cmd_gemm(args):
-    from titan_fp4six.ops import blackwell
-    from titan_fp4six.ops.gemm import decode_on
+    from titan_fp4six.dispatch.backend import backends_for
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator().manual_seed(0)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, GEMM backend: "
-          f"{'Blackwell NVFP4' if blackwell.available(device) else 'emulated (bf16 decode, FP32 accumulation)'}, "
-          f"bf16 decode for emulation {decode_on(device, 'auto')}; fwd+bwd ms, mean of {args.iters} after "
+          f"{'Blackwell NVFP4' if backends_for('auto', 'auto', device).fp4 else 'emulated (bf16 decode, FP32 accumulation)'}, "
+          f"bf16 decode for emulation {not backends_for('auto', 'auto', device).fp4}; fwd+bwd ms, mean of {args.iters} after "
           f"{args.warmup} warm-up")
     print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
 
@@ -446,7 +446,7 @@ def cmd_ops(args):
 
         big = torch.randn(8192, 5120, generator=gen).to(device, torch.bfloat16)
         big_amax = tensor_amax(big)
-        kernel = gpu_ms(lambda: kq.four_over_six_quantize(big, big_amax, "1x16", "mse", 256), args.iters)
+        kernel = gpu_ms(lambda: kq.quantize(big, big_amax, OperandSpec()), args.iters)
         public = gpu_ms(lambda: four_over_six_quantize(big, big_amax), args.iters)
         row("four_over_six_quantize 8192x5120: the kernel alone (ms)", kernel, "ms")
         row("four_over_six_quantize 8192x5120: public call (ms)", public, "ms", public / kernel)
@@ -491,14 +491,13 @@ def _compile(variant) -> str:
     if groups:
         groups = RowGroups(torch.zeros(16, dtype=torch.int64, device="cuda"), 1, amax_by_group=groups == "group")
     if block == "columnwise":
-        kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, decode, map4=mask)
+        kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", err_mode, bound, True), decode, map4=mask)
     elif block == "nvfp4_columnwise":
-        kq.nvfp4_quantize_columnwise(x, amax, decode)
+        kq.quantize_columnwise(x, amax, NVFP4, decode)
     elif block == "nvfp4":
-        (kq.nvfp4_quantize_decode if decode else kq.nvfp4_quantize)(x, amax)
+        kq.quantize(x, amax, NVFP4, decode)
     else:
-        run = kq.four_over_six_quantize_decode if decode else kq.four_over_six_quantize
-        run(x, amax, block, err_mode, bound, groups=groups, map4=mask)
+        kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), decode, groups=groups, map4=mask)
     torch.cuda.synchronize()
     return str(variant)
 

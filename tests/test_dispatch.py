@@ -6,6 +6,7 @@ import torch
 
 from titan_fp4six import dispatch
 from titan_fp4six.dispatch import QUANTIZER_ENV
+from titan_fp4six.dispatch.backend import backends_for
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -101,12 +102,17 @@ def test_quantizer_knob_is_checked_and_triton_needs_cuda(monkeypatch):
         dispatch.four_over_six_quantize(x, amax, quantizer="cuda")
     with pytest.raises(ValueError, match="quantizer='triton' needs CUDA tensors"):
         dispatch.four_over_six_quantize(x, amax, quantizer="triton")
-    monkeypatch.setenv(QUANTIZER_ENV, "triton")  # the override wins over the knob
-    with pytest.raises(ValueError, match="needs CUDA"):
-        dispatch.nvfp4_quantize(x, amax, quantizer="reference")
-    monkeypatch.setenv(QUANTIZER_ENV, "fast")
-    with pytest.raises(ValueError, match=f"{QUANTIZER_ENV}='fast' is not supported"):
-        dispatch.nvfp4_quantize(x, amax)
+    try:  # the environment is read when a device is first seen: forget what was resolved so far
+        backends_for.cache_clear()
+        monkeypatch.setenv(QUANTIZER_ENV, "triton")  # the override wins over the knob
+        with pytest.raises(ValueError, match="needs CUDA"):
+            dispatch.nvfp4_quantize(x, amax, quantizer="reference")
+        monkeypatch.setenv(QUANTIZER_ENV, "fast")
+        with pytest.raises(ValueError, match=f"{QUANTIZER_ENV}='fast' is not supported"):
+            dispatch.nvfp4_quantize(x, amax)
+    finally:
+        monkeypatch.undo()
+        backends_for.cache_clear()
 
 
 @CUDA
@@ -128,16 +134,17 @@ def test_quantizer_choice_on_cuda(monkeypatch, caplog):
 def test_columnwise_reference_quantizes_the_zero_padded_transpose():
     """Where no kernel runs, the columnwise operands are the reference on x^T padded with zero columns to a
     multiple of 16 (what the kernel reads in place), with a map-to-6-only variant for operands out of scope."""
-    from titan_fp4six.dispatch.quantize import run_four_over_six_columnwise, run_nvfp4_columnwise
+    from titan_fp4six.dispatch.quantize import run_quantize_columnwise
     from titan_fp4six.numerics import reference
+    from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
     x, amax = _inputs(False, nan=False, rows=37, cols=48)
     xt = torch.cat([x, x.new_zeros(11, 48)]).t().contiguous()  # 37 rows -> 48
     for choose in (True, False):
-        got = run_four_over_six_columnwise(x, amax, "mse", 256, "auto", decode=True, choose=choose)
+        got = run_quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, choose), "reference", True)
         want = reference.four_over_six_reference(xt, amax, "1x16", "mse", 256, choose)
         _assert_same_bytes(got[:3], want)
         _assert_same_bytes(got[3:], (reference.decode_block_scaled_reference(want[0], want[1]),))
-    codes, scales, dec = run_nvfp4_columnwise(x, amax, "auto", decode=False)
+    codes, scales, _, dec = run_quantize_columnwise(x, amax, NVFP4, "reference", False)
     _assert_same_bytes((codes, scales), reference.nvfp4_reference(xt, amax))
     assert dec is None and codes.shape == (48, 24)

@@ -9,6 +9,7 @@ import torch
 
 from tests.helpers.kernel_cases import KINDS, amax_check_cases, cases, compare, near_tie_case
 from titan_fp4six import dispatch
+from titan_fp4six.numerics.spec import four_over_six_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -61,8 +62,8 @@ def test_large_random_matches_and_is_deterministic(kq):
     x = torch.randn(1024, 7168, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
     for amax, block in ((dispatch.tensor_amax(x), "16x16"), (dispatch.row_amax(x), "1x16")):
         assert compare(kq, x, amax, block, "mse", 256) == []
-        first = kq.four_over_six_quantize_decode(x, amax, block, "mse", 256)
-        again = kq.four_over_six_quantize_decode(x, amax, block, "mse", 256)
+        first = kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), decode=True)
+        again = kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), decode=True)
         for a, b in zip(first, again):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
@@ -89,7 +90,7 @@ def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
 def test_compiled_kernel_divides_correctly_rounded(kq):
     """The kernels Triton compiled on this GPU: div.rn, no approximate division (contraction: test_kernels_codegen)."""
     x = torch.randn(32, 64, device="cuda")
-    kq.four_over_six_quantize_decode(x, dispatch.tensor_amax(x), "16x16", "mse", 256)
+    kq.quantize(x, dispatch.tensor_amax(x), four_over_six_spec("16x16", "mse", 256, True), decode=True)
     ptx = "\n".join(k.asm["ptx"] for k in _compiled(kq._quantize_kernel))
     assert "div.rn.f32" in ptx
     assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
@@ -151,17 +152,17 @@ def test_token_groups_kernel_matches_the_reference(experts):
         for per_row in (True, False):
             x.new_full((8192,), float("nan"), dtype=torch.float32)  # freed at once: garbage under the outputs
             got, group, empty = ka.token_groups(x, offs, per_row)
-            want, want_group, want_empty = run_token_groups(x.cpu(), offs.cpu(), per_row)
+            want, want_group, want_empty = run_token_groups(x.cpu(), offs.cpu(), per_row, "reference")
             assert torch.equal(group.cpu(), want_group) and torch.equal(empty.cpu(), want_empty)
             assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (dtype, per_row)
         x[int(offs[0]) // 2 if int(offs[0]) else 0, 1] = float("nan")  # in a token: that group's (or row's) amax
         got = ka.token_groups(x, offs, per_row=False)[0]
-        want = run_token_groups(x.cpu(), offs.cpu(), per_row=False)[0]
+        want = run_token_groups(x.cpu(), offs.cpu(), False, "reference")[0]
         assert torch.equal(got.isnan().cpu(), want.isnan())
         assert torch.equal(got[~got.isnan()].cpu(), want[~want.isnan()])
     nothing, group, empty = ka.token_groups(x[:0], offs, per_row=False)
     assert torch.equal(nothing, torch.zeros(experts, device="cuda")) and group.shape == (0,)
-    assert torch.equal(empty.cpu(), run_token_groups(x[:0].cpu(), offs.cpu(), per_row=False)[2])
+    assert torch.equal(empty.cpu(), run_token_groups(x[:0].cpu(), offs.cpu(), False, "reference")[2])
 
 
 def test_dense_amaxes_kernel_matches_the_reference():
@@ -177,7 +178,7 @@ def test_dense_amaxes_kernel_matches_the_reference():
         for row_scaled in (False, True):
             x.new_full((4096,), float("nan"), dtype=torch.float32)  # freed at once
             got = ka.dense_amaxes(xs, ws, row_scaled)
-            want = run_dense_amaxes(xs.cpu(), ws.cpu(), row_scaled)
+            want = run_dense_amaxes(xs.cpu(), ws.cpu(), row_scaled, "reference")
             assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (xs.shape, ws.shape, row_scaled)
     x[17, 3] = float("nan")
     tensor, rows = ka.dense_amaxes(x, w, False), ka.dense_amaxes(x, w, True)

@@ -13,6 +13,7 @@ from tests.helpers.operand_cases import (column_case, compare_columnwise, compar
                                          compare_nvfp4_decode, compare_row_groups, decode_case, epilogue_cases,
                                          row_groups_cases)
 from titan_fp4six import dispatch
+from titan_fp4six.numerics.spec import four_over_six_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -89,8 +90,8 @@ def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
         x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
         amax = dispatch.tensor_amax(x)
         assert compare_columnwise(kq, x, amax, "mse", 256, True) == []
-        first = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
-        again = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
+        first = kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, True), True)
+        again = kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, True), True)
         for a, b in zip(first, again):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
@@ -121,9 +122,10 @@ def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
     """The decode kernel on a quantizer's codes and scales gives the fused kernel's decode, row and column."""
     x = torch.randn(1000, 2064, device="cuda", dtype=torch.bfloat16)
     amax = dispatch.tensor_amax(x)
-    dec, codes, scales, _ = kq.four_over_six_quantize_decode(x, amax, "1x16", "mse", 256)
+    spec = four_over_six_spec("1x16", "mse", 256, True)
+    codes, scales, _, dec = kq.quantize(x, amax, spec, decode=True)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
-    dec, codes, scales, _ = kq.four_over_six_quantize_columnwise(x, amax, "mse", 256, True)
+    codes, scales, _, dec = kq.quantize_columnwise(x, amax, spec, True)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
 
 
@@ -153,7 +155,7 @@ def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
     x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
     x, amax = x.cuda(), amax.cuda()
     counts = formats.map4_count_buffer("cuda")
-    kq.four_over_six_quantize(x, amax, block, "mse", 256, map4=counts)
+    kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), map4=counts)
     kq._chunks_per_program.cache_clear()
     want = reference.map4_counts(reference.four_over_six_reference(x, amax, block, "mse", 256)[2])
     assert torch.equal(formats.map4_total(counts), want) and 0 < want[0] < want[1]
@@ -163,7 +165,7 @@ def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
 def test_map6_only_kernels_match_reference(dtype):
     """choose=False (an operand outside the recipe's scope): row-major, fused and columnwise kernels keep
     map-to-6 in every block, bitwise equal to the reference, edge data included."""
-    from titan_fp4six.dispatch.quantize import run_four_over_six, run_four_over_six_columnwise
+    from titan_fp4six.dispatch.quantize import run_quantize, run_quantize_columnwise
     from titan_fp4six.numerics import reference
 
     g = torch.Generator().manual_seed(5)
@@ -180,7 +182,7 @@ def test_map6_only_kernels_match_reference(dtype):
         want = reference.four_over_six_reference(xb, amax, block, err_mode, bound, choose=False)
         differs.append(not torch.equal(want[0], reference.four_over_six_reference(xb, amax, block, err_mode, bound)[0]))
         for decode in (False, True):
-            got = run_four_over_six(xb, amax, block, err_mode, bound, "triton", decode, choose=False)
+            got = run_quantize(xb, amax, four_over_six_spec(block, err_mode, bound, False), "triton", decode)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
             assert not got[2].any()
             if decode:
@@ -191,7 +193,7 @@ def test_map6_only_kernels_match_reference(dtype):
     amax = x.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()
     padded = torch.nn.functional.pad(x, (0, 0, 0, 8)).t().contiguous()
     want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
-    got = run_four_over_six_columnwise(x, amax, "mse", 256, "triton", False, choose=False)
+    got = run_quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, False), "triton", False)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
 
 

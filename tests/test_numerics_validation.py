@@ -89,12 +89,12 @@ def test_token_groups_reference():
     from titan_fp4six.dispatch.amax import run_token_groups
     x = torch.tensor([[1.0, -3.0], [2.0, 0.5], [-7.0, 1.0], [float("nan"), 9.0]])
     offs = torch.tensor([1, 1, 3], dtype=torch.int32)
-    rows, group, empty = run_token_groups(x, offs, per_row=True)
+    rows, group, empty = run_token_groups(x, offs, True, "reference")
     assert group.tolist() == [0, 2, 2, 3] and rows.tolist() == [3.0, 2.0, 7.0, 0.0]
     assert empty.tolist() == [False, True, False]
-    groups, group, _ = run_token_groups(x, offs, per_row=False)
+    groups, group, _ = run_token_groups(x, offs, False, "reference")
     assert group.tolist() == [0, 2, 2, 3] and groups.tolist() == [3.0, 0.0, 7.0]
-    assert run_token_groups(x, torch.tensor([0, 4], dtype=torch.int32), per_row=False)[2].tolist() == [True, False]
+    assert run_token_groups(x, torch.tensor([0, 4], dtype=torch.int32), False, "reference")[2].tolist() == [True, False]
 
 
 def test_empty_inputs_round_trip():

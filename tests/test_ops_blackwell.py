@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
 from titan_fp4six.numerics.reference import global_decode_factor
 from titan_fp4six.ops import blackwell
-from titan_fp4six.ops.gemm import EMULATE_ENV, fp4_gemms
+from titan_fp4six.dispatch import backend
+from titan_fp4six.dispatch.backend import EMULATE_ENV, resolve_backends
 from titan_fp4six.ops.operands import Operand
 
 
@@ -88,12 +89,16 @@ def test_grouped_arguments():
 def test_gate_is_strictly_major_10(monkeypatch, major, expected):
     """gemm='auto' takes the real kernels only on major 10; 'emulated' and TITAN_FP4SIX_EMULATE=1 never do;
     'fp4' where they cannot run is an error naming the knob."""
-    monkeypatch.setattr(blackwell, "_capability_major", lambda device: major)
+    monkeypatch.setattr(backend, "_capability_major", lambda device: major)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
     monkeypatch.delenv(EMULATE_ENV, raising=False)
     cuda = torch.device("cuda", 0)
-    assert blackwell.available(cuda) is expected and fp4_gemms(cuda, "auto") is expected
-    assert not blackwell.available(torch.device("cpu")) and not fp4_gemms(torch.device("cpu"), "auto")
+
+    def fp4_gemms(device, gemm):
+        return resolve_backends("reference", gemm, device).fp4
+
+    assert backend.fp4_available(cuda) is expected and fp4_gemms(cuda, "auto") is expected
+    assert not backend.fp4_available(torch.device("cpu")) and not fp4_gemms(torch.device("cpu"), "auto")
     assert not fp4_gemms(cuda, "emulated")
     if expected:
         assert fp4_gemms(cuda, "fp4")
@@ -111,7 +116,7 @@ def test_an_emulate_override_other_than_1_or_0_is_an_error(monkeypatch, value):
     """It used to be ignored unless exactly "1": TITAN_FP4SIX_EMULATE=true ran the real kernels."""
     monkeypatch.setenv(EMULATE_ENV, value)
     with pytest.raises(ValueError, match=rf"TITAN_FP4SIX_EMULATE='{value}' is not supported; valid values: '1'"):
-        fp4_gemms(torch.device("cpu"), "auto")
+        resolve_backends("reference", "auto", torch.device("cpu"))
 
 
 def _sm100():
@@ -209,10 +214,14 @@ def _row_oracle(a, b_rows_of, const, b_factor_of, row_amax, rows):
 
 @pytest.fixture
 def on_blackwell(monkeypatch):
-    """The Blackwell dispatch with F.scaled_mm / F.scaled_grouped_mm emulated on CPU."""
-    monkeypatch.setattr(blackwell, "available", lambda device: True)
+    """The Blackwell dispatch with F.scaled_mm / F.scaled_grouped_mm emulated on CPU (the stored backends are
+    resolved again under the patch and after it)."""
+    monkeypatch.setattr(backend, "fp4_available", lambda device: True)
     monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
     monkeypatch.setattr(F, "scaled_grouped_mm", _emulated_scaled_grouped_mm)
+    backend.backends_for.cache_clear()
+    yield
+    backend.backends_for.cache_clear()
 
 
 def test_emulated_scaled_mm_is_the_exact_nvfp4_gemm():
@@ -231,7 +240,7 @@ def test_dense_row_scaled_equals_rounding_oracle(on_blackwell):
     const, _ = row_split(amax, 256)
     b_amax = torch.tensor(18.9)
     b_factor = global_decode_factor(b_amax, 256)
-    out = gemm_nt(a, amax, 256, b, b_amax, 256, torch.bfloat16, FourOverSixRecipe())
+    out = gemm_nt(a, amax, 256, b, b_amax, 256, torch.bfloat16, backend.backends_for("auto", "auto", a.codes.device))
     b_dec = _decode(b.codes, b.scales)
     expected = _row_oracle(a, lambda r: b_dec, const, lambda r: b_factor, amax, 40)
     assert torch.equal(out, expected)
@@ -250,8 +259,8 @@ def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
     w_amax = torch.rand(experts, generator=torch.Generator().manual_seed(8)) * 20
     w_factor = global_decode_factor(w_amax, 448)
     split = row_split(amax, 448)
-    out = grouped_gemm_nt(a, amax, False, w, w_amax, offs, group_of_row, torch.bfloat16,
-                          FourOverSixRecipe(scale_bound=448))
+    out = grouped_gemm_nt(a, amax, False, w, w_amax, offs, group_of_row, 448, torch.bfloat16,
+                          backend.backends_for("auto", "auto", a.codes.device))
     w_dec = _decode(w.codes, w.scales).view(experts, n, 64)
     g = group_of_row.clamp(max=experts - 1)
     expected = _row_oracle(a, lambda r: w_dec[g[r]], split[0], lambda r: w_factor[g[r]], amax, rows)
@@ -259,7 +268,7 @@ def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
     assert torch.equal(out, expected)
 
 
-def test_row_scaled_ops_on_blackwell_stay_within_the_rounding_bound_of_the_emulation(monkeypatch):
+def test_row_scaled_ops_on_blackwell_stay_within_the_rounding_bound_of_the_emulation(on_blackwell):
     """Whole row-scaled ops (real quantizers): the Blackwell form differs from the emulated path only by the extra
     bf16 rounding (dense: one; grouped: the emulation rounds the product to bf16 too)."""
     g = torch.Generator().manual_seed(9)
@@ -267,14 +276,10 @@ def test_row_scaled_ops_on_blackwell_stay_within_the_rounding_bound_of_the_emula
     offs = torch.tensor([64, 64, 200, 290], dtype=torch.int32)
     recipe = FourOverSixRecipe(activation_scaling="row", weight_block="1x16", backward="high_precision")
 
-    def run():
-        return four_over_six_mm(x, w[0], recipe=recipe), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs,
-                                                                                  recipe=recipe)
-    emulated = run()
-    monkeypatch.setattr(blackwell, "available", lambda device: True)
-    monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
-    monkeypatch.setattr(F, "scaled_grouped_mm", _emulated_scaled_grouped_mm)
-    real = run()
+    def run(r):
+        return four_over_six_mm(x, w[0], recipe=r), four_over_six_grouped_mm(x, w.transpose(-2, -1), offs, recipe=r)
+    emulated = run(dataclasses.replace(recipe, gemm="emulated"))
+    real = run(recipe)
     for r, e, rtol in zip(real, emulated, (2 ** -7, 2 ** -6)):
         assert r.dtype == e.dtype == torch.bfloat16 and torch.isfinite(r).all()
         d = (r.float() - e.float()).abs()

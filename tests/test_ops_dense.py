@@ -18,7 +18,7 @@ def _operands(seed, lead=(37,), k=64, n=48, dtype=torch.bfloat16):
 
 
 def _x_amax(x2d, recipe):
-    return row_amax(x2d) if recipe.row_scaled else tensor_amax(x2d)
+    return row_amax(x2d) if recipe.plan(grouped=False).row_scaled else tensor_amax(x2d)
 
 
 def _forward_operands64(x2d, w, recipe):

@@ -42,7 +42,7 @@ def test_forward_matches_float64_oracle(recipe):
     for e, (s, t) in enumerate(_groups(offs)):
         if s == t:
             continue
-        amax = row_amax(A[s:t]) if recipe.row_scaled else tensor_amax(A[s:t])
+        amax = row_amax(A[s:t]) if recipe.plan(grouped=True).row_scaled else tensor_amax(A[s:t])
         a64 = four_six64(A[s:t], amax, recipe)
         w64 = four_six64(W[e], tensor_amax(W[e]), recipe, recipe.weight_block)
         # two roundings: the grouped GEMM's bf16 output, then the cast after the global factors
@@ -59,7 +59,7 @@ def test_equals_per_group_loop_of_the_dense_op(recipe):
     assert torch.equal(fwd[7], torch.tensor([e for e, (s, t) in enumerate(_groups(offs)) for _ in range(t - s)]
                                             + [len(offs)] * (A.shape[0] - int(offs[-1]))))  # saved for the backward
     assert torch.equal(fwd[8], torch.tensor([s == t for s, t in _groups(offs)]))
-    dense_recipe = FourOverSixRecipe(activation_scaling=recipe.activation_scaling, backward=recipe.resolved_backward(True))
+    dense_recipe = FourOverSixRecipe(activation_scaling=recipe.activation_scaling, backward=recipe.plan(grouped=True).backward)
     for e, (s, t) in enumerate(_groups(offs)):
         if s == t:
             assert not dW[e].any()

@@ -9,15 +9,15 @@ def test_defaults_follow_the_spec():
     r = FourOverSixRecipe()
     assert (r.err_mode, r.scale_bound, r.weight_block, r.activation_scaling, r.backward) == (
         "mse", 256, "16x16", "tensor", "auto")
-    assert r.resolved_backward(grouped=False) == "quantized"
-    assert r.resolved_backward(grouped=True) == "high_precision"
-    assert FourOverSixRecipe(activation_scaling="row").resolved_backward(grouped=False) == "high_precision"
+    assert r.plan(grouped=False).backward == "quantized"
+    assert r.plan(grouped=True).backward == "high_precision"
+    assert FourOverSixRecipe(activation_scaling="row").plan(grouped=False).backward == "high_precision"
 
 
 @pytest.mark.parametrize("mode", ["high_precision", "dequantized"])
 def test_explicit_modes_resolve_to_themselves(mode):
     r = FourOverSixRecipe(backward=mode, activation_scaling="row")
-    assert r.resolved_backward(grouped=False) == mode == r.resolved_backward(grouped=True)
+    assert r.plan(grouped=False).backward == mode == r.plan(grouped=True).backward
 
 
 def test_frozen_and_keyword_only():
@@ -45,6 +45,6 @@ def test_quantized_backward_rejected_for_row_scaling_and_grouped():
     with pytest.raises(ValueError, match="backward='quantized'.*activation_scaling='row'"):
         FourOverSixRecipe(backward="quantized", activation_scaling="row")
     r = FourOverSixRecipe(backward="quantized")
-    assert r.resolved_backward(grouped=False) == "quantized"
+    assert r.plan(grouped=False).backward == "quantized"
     with pytest.raises(ValueError, match="grouped"):
-        r.resolved_backward(grouped=True)
+        r.plan(grouped=True).backward

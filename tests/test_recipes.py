@@ -36,7 +36,7 @@ def _deepseek_linears(layers):
 EXPECTED = {
     "deepseek_v3_debugmodel_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(1, 6))},
     "deepseek_v3_debugmodel_nvfp4_four_over_six_dequantized.toml":
-        {n: FourOverSixRecipe(**{**RL_BASE.__dict__, "backward": "dequantized"}) for n in _experts(range(1, 5))},
+        {n: replace(RL_BASE, backward="dequantized") for n in _experts(range(1, 5))},
     "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml":
         {**{n: ALL_LINEARS.resolve(grouped=True) for n in _experts(range(1, 6))},  # modules hold resolved recipes
          **{n: ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},

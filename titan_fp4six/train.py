@@ -54,9 +54,9 @@ def prepare_process() -> None:
     environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-    from titan_fp4six.ops.gemm import check_environment
+    from titan_fp4six.dispatch.backend import environment_overrides
 
-    check_environment()
+    environment_overrides()
     expandable_segments_by_default()
     if not torch.cuda.is_available():
         from titan_fp4six.integration import cpu

@@ -26,6 +26,7 @@ from tests.helpers.operand_cases import (column_case, compare_columnwise, compar
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.dispatch import tensor_amax  # noqa: E402
+from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KINDS = ("normal", "ties", "wide", "saturate", "nan_inf", "low_edge", "tiny_amax", "high_edge", "zero_amax",
@@ -91,8 +92,9 @@ def map6_only(gen):
         x = x.to(DTYPES[index % 3])
         amax = (tensor_amax(x) if amax is None else amax).float()
         want = reference.four_over_six_reference(x, amax, block, err_mode, bound, choose=False)
-        dec, codes, scales, map4 = kq.four_over_six_quantize_decode(x, amax, block, err_mode, bound, choose=False)
-        plain = kq.four_over_six_quantize(x, amax, block, err_mode, bound, choose=False)
+        spec = four_over_six_spec(block, err_mode, bound, False)
+        codes, scales, map4, dec = kq.quantize(x, amax, spec, decode=True)
+        plain = kq.quantize(x, amax, spec)
         bad = [name for name, got, ref in (("codes", codes, want[0]), ("plain codes", plain[0], want[0]),
                                            ("scales", scales.view(torch.uint8), want[1].view(torch.uint8)),
                                            ("plain scales", plain[1].view(torch.uint8), want[1].view(torch.uint8)))
@@ -106,7 +108,7 @@ def map6_only(gen):
         if block == "1x16" and amax.dim() == 0:
             xt = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
             want = reference.four_over_six_reference(xt, amax, "1x16", err_mode, bound, choose=False)
-            _, codes, scales, map4 = kq.four_over_six_quantize_columnwise(x, amax, err_mode, bound, choose=False)
+            codes, scales, map4, _ = kq.quantize_columnwise(x, amax, spec)
             ok = torch.equal(codes, want[0]) and torch.equal(scales.view(torch.uint8), want[1].view(torch.uint8))
             yield f"map6_only/columnwise/{kind}/{x.dtype}/{err_mode}/{bound}", [] if ok and not map4.any() else ["cw"]
 
@@ -136,10 +138,10 @@ def amax_check(gen):
     is per tensor and the rows whole tiles, standard NVFP4 with its decode)."""
     _device_asserts_on()
     for label, x, amax, covers in amax_check_cases(gen):
-        runs = {"1x16": lambda: kq.four_over_six_quantize(x, amax, "1x16", "mse", 256, True, True),
-                "nvfp4": lambda: kq.nvfp4_quantize_decode(x, amax, True)}
+        runs = {"1x16": lambda: kq.quantize(x, amax, four_over_six_spec("1x16", "mse", 256, True), check_amax=True),
+                "nvfp4": lambda: kq.quantize(x, amax, NVFP4, decode=True, check_amax=True)}
         if amax.dim() == 0 and x.shape[0] % 16 == 0:
-            runs["16x16"] = lambda: kq.four_over_six_quantize(x, amax, "16x16", "mae", 448, True, True)
+            runs["16x16"] = lambda: kq.quantize(x, amax, four_over_six_spec("16x16", "mae", 448, True), check_amax=True)
         bad = []
         for variant, run in runs.items():
             try:
@@ -171,7 +173,7 @@ def token_groups(gen):
         offs = torch.tensor(offs, dtype=torch.int32)
         for per_row in (True, False):
             got, group, empty = ka.token_groups(x, offs, per_row)
-            want, want_group, want_empty = run_token_groups(x, offs, per_row)
+            want, want_group, want_empty = run_token_groups(x, offs, per_row, "reference")
             bad = [] if torch.equal(group, want_group) else ["group ids"]
             bad += [] if torch.equal(empty, want_empty) else [f"empty groups {empty.tolist()}"]
             same = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
@@ -197,7 +199,7 @@ def row_groups(gen):
         x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
         mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
         counts = formats.map4_count_buffer("cpu")
-        kq.four_over_six_quantize(x, amax, block, err_mode, bound, map4=counts)
+        kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), map4=counts)
         got, want = formats.map4_total(counts), reference.map4_counts(mask)
         ok = torch.equal(got, want) and 0 < want[0] < want[1]
         yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]

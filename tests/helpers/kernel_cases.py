@@ -109,14 +109,16 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
     counts, the codes inside NaN-scale blocks too (NaN encodes as the canonical reference.NAN_CODE).
     """
     from titan_fp4six.numerics import reference
+    from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
     def code_diffs(name, codes, ref_codes, ref_scales):
         return [] if torch.equal(codes, ref_codes) else [f"{name}.codes"]
 
     bad = []
     rc, rs, rm = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound)
-    c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound)
-    dec, c2, s2, m2 = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound)
+    spec = four_over_six_spec(block, err_mode, scale_bound, True)
+    c, s, m, _ = kq.quantize(x, amax, spec)
+    c2, s2, m2, dec = kq.quantize(x, amax, spec, decode=True)
     rdec = reference.decode_block_scaled_reference(rc, rs)
     for name, got_c, got_s, got_m in (("quantize", c, s, m), ("quantize_decode", c2, s2, m2)):
         bad += code_diffs(name, got_c, rc, rs)
@@ -129,7 +131,7 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
         bad.append("quantize_decode.decode")
     if block == "1x16" and scale_bound == 448:
         rc, rs = reference.nvfp4_reference(x, amax)
-        c, s = kq.nvfp4_quantize(x, amax)
+        c, s, _, _ = kq.quantize(x, amax, NVFP4)
         bad += code_diffs("nvfp4", c, rc, rs)
         if not torch.equal(_bits(s), _bits(rs)):
             bad.append("nvfp4.scales")

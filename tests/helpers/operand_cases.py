@@ -10,6 +10,7 @@ import torch
 from tests.helpers.kernel_cases import _data
 from titan_fp4six.dispatch import tensor_amax
 from titan_fp4six.numerics import formats, reference
+from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -31,9 +32,9 @@ def _diffs(prefix, got: dict, want: dict):
 
 
 def compare_nvfp4_decode(kq, x, amax):
-    """nvfp4_quantize_decode against nvfp4_reference + decode_block_scaled."""
+    """The NVFP4 spec's fused quantize-decode against nvfp4_reference + decode_block_scaled."""
     codes, scales = reference.nvfp4_reference(x, amax)
-    dec, c, s = kq.nvfp4_quantize_decode(x, amax)
+    c, s, _, dec = kq.quantize(x, amax, NVFP4, decode=True)
     return _diffs("nvfp4_decode", {"codes": c, "scales": s, "dec": dec},
                   {"codes": codes, "scales": scales, "dec": reference.decode_block_scaled_reference(codes, scales)})
 
@@ -43,7 +44,7 @@ def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
     xt = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
     bad = []
     codes, scales, map4 = reference.four_over_six_reference(xt, amax, "1x16", err_mode, scale_bound)
-    dec, c, s, m = kq.four_over_six_quantize_columnwise(x, amax, err_mode, scale_bound, decode)
+    c, s, m, dec = kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", err_mode, scale_bound, True), decode)
     want = {"codes": codes, "scales": scales, "map4": map4}
     got = {"codes": c, "scales": s, "map4": m}
     if decode:
@@ -53,7 +54,7 @@ def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
     bad += _diffs(f"columnwise[{err_mode},{scale_bound},decode={decode}]", got, want)
     if nvfp4:
         codes, scales = reference.nvfp4_reference(xt, amax)
-        dec, c, s = kq.nvfp4_quantize_columnwise(x, amax, decode)
+        c, s, _, dec = kq.quantize_columnwise(x, amax, NVFP4, decode)
         want, got = {"codes": codes, "scales": scales}, {"codes": c, "scales": s}
         if decode:
             want["dec"], got["dec"] = reference.decode_block_scaled_reference(codes, scales), dec
@@ -153,7 +154,7 @@ def row_groups_cases(gen, device, rows=37, cols=48, experts_rows=(3, 16), dtypes
         x[rows - 7:] = float("nan")  # not tokens: never read by an amax, never counted
         x[rows // 3 + 1, 3] = float("nan")
         for per_row in (False, True):
-            amax, group, _ = run_token_groups(x, offs, per_row)
+            amax, group, _ = run_token_groups(x, offs, per_row, "reference")
             if not per_row:
                 amax[3] = 0.0  # a group whose amax is 0 (its blocks quantize to zeros and count)
             groups = reference.RowGroups(group, offs.numel(), amax_by_group=not per_row)
@@ -162,7 +163,8 @@ def row_groups_cases(gen, device, rows=37, cols=48, experts_rows=(3, 16), dtypes
         for block, per_expert in (("1x16", 5), ("16x16", n)):
             w = (torch.randn(experts * per_expert, cols, generator=gen) * 2.0 ** torch.randint(
                 -6, 6, (experts * per_expert, 1), generator=gen)).to(dtype).to(device)
-            yield (f"experts/{dtype}/{block}/{experts}x{per_expert}", w, run_expert_amax(w, experts), None, block)
+            yield (f"experts/{dtype}/{block}/{experts}x{per_expert}", w, run_expert_amax(w, experts, "reference"), None,
+                   block)
 
 
 def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
@@ -172,18 +174,19 @@ def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
     amax_rows = reference.amax_per_row(amax, x.shape[0], groups)
     codes, scales, mask = reference.four_over_six_reference(x, amax_rows, block, err_mode, scale_bound)
     want = {"codes": codes, "scales": scales, "map4": mask}
-    dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups)
+    spec = four_over_six_spec(block, err_mode, scale_bound, True)
+    c, s, m, dec = kq.quantize(x, amax, spec, decode=True, groups=groups)
     want["dec"] = reference.decode_block_scaled_reference(codes, scales)
     bad = _diffs("mask", {"codes": c, "scales": s, "map4": m, "dec": dec}, want)
     counts = formats.map4_count_buffer(x.device)
     counts[-1, :2] = start = torch.tensor([5, 7])
-    c, s, m = kq.four_over_six_quantize(x, amax, block, err_mode, scale_bound, groups=groups, map4=counts)
+    c, s, m, _ = kq.quantize(x, amax, spec, groups=groups, map4=counts)
     same = {"codes": codes, "scales": scales}
     bad += _diffs("counted", {"codes": c, "scales": s}, same) + ([] if m is None else ["counted.map4 not None"])
     want_counts = start.to(x.device) + reference.map4_counts(mask, groups)
     got_counts = formats.map4_total(counts)
     bad += [] if torch.equal(got_counts, want_counts) else [f"counts {got_counts.tolist()} != {want_counts.tolist()}"]
-    dec, c, s, m = kq.four_over_six_quantize_decode(x, amax, block, err_mode, scale_bound, groups=groups, map4=False)
+    c, s, m, dec = kq.quantize(x, amax, spec, decode=True, groups=groups, map4=False)
     same["dec"] = want["dec"]
     bad += _diffs("no map4", {"codes": c, "scales": s, "dec": dec}, same) + ([] if m is None else ["map4 not None"])
     for dtype in (torch.bfloat16, torch.float32):

@@ -10,7 +10,7 @@ from ..numerics.reference import row_amax_reference, tensor_amax_reference
 from .backend import kernels_for
 
 
-def run_tensor_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+def run_tensor_amax(x: torch.Tensor, quantizer: str) -> torch.Tensor:
     """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates, 0 when empty)."""
     if torch.compiler.is_compiling() or not x.numel() or not x.is_contiguous():
         return tensor_amax_reference(x)
@@ -18,7 +18,7 @@ def run_tensor_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
     return kernels.tensor_amax(x) if kernels else tensor_amax_reference(x)
 
 
-def run_dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool, quantizer: str = "auto") -> torch.Tensor:
+def run_dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool, quantizer: str) -> torch.Tensor:
     """A dense GEMM's amaxes in one FP32 vector: max |x| (one, or one per row when row_scaled) then max |w|;
     per-tensor, one kernel launch computes both."""
     if torch.compiler.is_compiling() or not (x.is_contiguous() and w.is_contiguous()):
@@ -38,20 +38,20 @@ def _row_kernels(x: torch.Tensor, quantizer: str):
     return kernels_for(x, quantizer, "amax")
 
 
-def run_row_amax(x: torch.Tensor, quantizer: str = "auto") -> torch.Tensor:
+def run_row_amax(x: torch.Tensor, quantizer: str) -> torch.Tensor:
     """max |x| of each row of a 2-D tensor as an FP32 vector of length R."""
     kernels = _row_kernels(x, quantizer)
     return kernels.row_amax(x) if kernels else row_amax_reference(x)
 
 
-def run_expert_amax(w: torch.Tensor, experts: int, quantizer: str = "auto") -> torch.Tensor:
+def run_expert_amax(w: torch.Tensor, experts: int, quantizer: str) -> torch.Tensor:
     """Per-expert max |w| (E,) of expert weights flattened to (E*N, K): the max of each expert's row amaxes (one
     read of the weights, no |w| copy)."""
     return run_row_amax(w, quantizer).view(experts, -1).amax(dim=1)
 
 
 def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
-                     quantizer: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     quantizer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A grouped GEMM's A by token group: (max |x| per row (R,), 0 for the rows at or past offs[-1], which are
     not tokens: whatever they hold, NaN included, never reaches an amax; or with per_row=False per group (E,),
     0 for empty groups; each row's group (group_index); which groups are empty (bool (E,))). One launch on

@@ -1,7 +1,7 @@
 """Public quantize / decode / amax entry points: check the arguments, then run (docs/numerics.md).
 
-Eager calls run the kernel or the reference directly; while torch.compile traces they call the custom ops
-of library.py instead, so compiled code returns the eager bytes.
+The quantizers are library.py's ops: eager calls run the kernel or the reference directly; while
+torch.compile traces they are custom ops, so compiled code returns the eager bytes.
 """
 
 from dataclasses import dataclass
@@ -14,7 +14,8 @@ from ..numerics.validation import (SCALE_BOUNDS, check_amax_covers, check_choice
 from . import amax as _amax
 from . import library
 from .backend import QUANTIZERS
-from .quantize import run_decode_block_scaled, run_dequantize, run_four_over_six, run_nvfp4
+from .library import resolved_quantizer
+from .quantize import run_decode_block_scaled, run_dequantize
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class NVFP4Blocks:
 
 
 def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose=True) -> bool:
-    """Check the arguments; returns whether torch.compile is tracing (then the values cannot be read, and the
-    amax check, unless validate_amax is False, runs here as graph ops; eager, the run functions run it, the
-    Triton quantizer inside its own read of x)."""
+    """Check the arguments; returns the ops' check_amax: eager, validate_amax (the run functions check, the
+    Triton quantizer inside its own read of x); while torch.compile traces False, the values cannot be read
+    there and the amax check, unless validate_amax is False, runs here as graph ops."""
     tracing = torch.compiler.is_compiling()
     check_choice("quantizer", quantizer, QUANTIZERS)
     for name, flag in (("choose", choose), ("validate_amax", validate_amax)):
@@ -47,7 +48,7 @@ def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choo
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
     if tracing and validate_amax:
         check_amax_covers(x, amax)
-    return tracing
+    return validate_amax and not tracing
 
 
 def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16", err_mode: str = "mse",
@@ -59,10 +60,8 @@ def four_over_six_quantize(x: torch.Tensor, amax: torch.Tensor, *, block: str = 
     with the four-over-six scale association; docs/numerics.md). validate_amax: check amax >= 0 and |x| <= amax
     (numerics.validation.check_amax_covers; on CUDA a device assert, which the Triton quantizer makes in its own
     read of x); False skips it (a smaller amax saturates)."""
-    if _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose):
-        return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer, choose))
-    return NVFP4Blocks(*run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, False, choose,
-                                          validate_amax)[:3])
+    check_amax = _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose)
+    return NVFP4Blocks(*library.four_over_six_op(x, amax, block, err_mode, scale_bound, quantizer, choose, check_amax))
 
 
 def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block: str = "1x16",
@@ -72,12 +71,9 @@ def four_over_six_quantize_decode(x: torch.Tensor, amax: torch.Tensor, *, block:
 
     On eligible CUDA inputs one Triton kernel does both, reading x once; otherwise the reference composition.
     """
-    if _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose):
-        dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer,
-                                                                   choose)
-    else:
-        codes, scales, map4, dec = run_four_over_six(x, amax, block, err_mode, scale_bound, quantizer, True, choose,
-                                                     validate_amax)
+    check_amax = _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choose)
+    dec, codes, scales, map4 = library.four_over_six_decode_op(x, amax, block, err_mode, scale_bound, quantizer, choose,
+                                                               check_amax)
     return dec, NVFP4Blocks(codes, scales, map4)
 
 
@@ -85,9 +81,8 @@ def nvfp4_quantize(x: torch.Tensor, amax: torch.Tensor, *, quantizer: str = "aut
                    validate_amax: bool = True) -> NVFP4Blocks:
     """Standard NVFP4 quantization (scale bound 448, 1x16 blocks, no candidate choice); validate_amax as in
     four_over_six_quantize."""
-    if _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer, validate_amax):
-        return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer))
-    return NVFP4Blocks(*run_nvfp4(x, amax, quantizer, check_amax=validate_amax)[:2])
+    check_amax = _check(x, amax, "1x16", "mse", STANDARD_BOUND, quantizer, validate_amax)
+    return NVFP4Blocks(*library.nvfp4_op(x, amax, quantizer, check_amax))
 
 
 def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -102,7 +97,7 @@ def _check_blocks(codes: torch.Tensor, scales: torch.Tensor) -> None:
 def decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
     """e2m1_value * f32(block scale) without the global factor; exact in bf16 (at most 6 significant bits)."""
     _check_blocks(codes, scales)
-    return run_decode_block_scaled(codes, scales, dtype=dtype)
+    return run_decode_block_scaled(codes, scales, resolved_quantizer("auto", codes.device), dtype)
 
 
 def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, *, scale_bound: int,
@@ -114,19 +109,19 @@ def nvfp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tens
     if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.shape not in ((), (rows,)):
         got = f"{amax.dtype} {tuple(amax.shape)}" if isinstance(amax, torch.Tensor) else type(amax).__name__
         raise TypeError(f"amax must be float32 of shape () or ({rows},), got {got}")
-    return run_dequantize(codes, scales, amax, scale_bound, dtype)
+    return run_dequantize(codes, scales, amax, scale_bound, dtype, resolved_quantizer("auto", codes.device))
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates). One read of x on CUDA."""
-    return _amax.run_tensor_amax(x)
+    return _amax.run_tensor_amax(x, resolved_quantizer("auto", x.device))
 
 
 def row_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| of each row of a 2-D tensor as an FP32 vector of length R. One read of x on CUDA."""
     if x.dim() != 2:
         raise ValueError(f"row_amax needs a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
-    return _amax.run_row_amax(x)
+    return _amax.run_row_amax(x, resolved_quantizer("auto", x.device))
 
 
 def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -140,4 +135,4 @@ def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
                else type(offs).__name__)
         raise TypeError(f"offs must be a non-empty 1-D int32 tensor of inclusive group ends on x's device "
                         f"({x.device}), got {got}")
-    return _amax.run_token_groups(x, offs, per_row=False)[0]
+    return _amax.run_token_groups(x, offs, False, resolved_quantizer("auto", x.device))[0]

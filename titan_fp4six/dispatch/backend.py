@@ -1,32 +1,110 @@
-"""Where a quantizer call runs: a Triton kernel or the pure-PyTorch reference. Both give the same bytes.
+"""Where the quantizers and GEMMs run, chosen once per recipe and device: resolve_backends.
 
-The choice is the recipe knob `quantizer` (QUANTIZERS): "auto" takes the kernel where it applies (a CUDA input
-in a layout the kernel reads) and the reference elsewhere, "triton" demands the kernel (an error where it
-cannot run), "reference" always runs the reference. The environment variable QUANTIZER_ENV, when set,
-overrides the knob for the whole process (for A/B runs without editing a recipe). This module is the only
-place that imports titan_fp4six.kernels; it does so lazily, so CPU-only code never loads Triton.
+The quantizer implementation (QUANTIZERS: a Triton kernel or the pure-PyTorch reference, same bytes) and the
+GEMM implementation (GEMMS: real NVFP4 GEMMs on Blackwell or the emulation) are recipe knobs; the environment
+variables QUANTIZER_ENV and EMULATE_ENV override them for the whole process (A/B runs without editing a
+recipe). resolve_backends (through environment_overrides) is the package's only environment read;
+backends_for stores its answer per knobs and device, so the per-call path reads no environment and re-checks
+no knob. This module is the only place
+that imports titan_fp4six.kernels; it does so lazily, so CPU-only code never loads Triton.
 """
 
 import functools
 import logging
 import os
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 QUANTIZERS = ("auto", "triton", "reference")
+GEMMS = ("auto", "emulated", "fp4")
 QUANTIZER_ENV = "TITAN_FP4SIX_QUANTIZER"
+EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
+EMULATE_VALUES = ("1", "0", "")
+KERNEL_MODULES = ("quantize", "amax", "decode", "epilogue")
 
 _log = logging.getLogger(__name__)
 
 
-def quantizer_choice(quantizer: str) -> str:
-    """The knob value in force: QUANTIZER_ENV when set (checked), else `quantizer`."""
-    override = os.environ.get(QUANTIZER_ENV)
-    if override is None:
-        return quantizer
-    if override not in QUANTIZERS:
-        raise ValueError(f"{QUANTIZER_ENV}={override!r} is not supported; valid values: {', '.join(QUANTIZERS)}")
-    return override
+class Backends(NamedTuple):
+    """Resolved implementations for one device. quantizer: 'reference', 'auto' (CUDA: the kernel wherever it
+    takes the input's layout, else the reference) or 'triton' (CUDA: the kernel, an error for a layout it does
+    not take); fp4: whether the real NVFP4 GEMMs run (else the emulation, fed the quantizers' bf16 decode)."""
+
+    quantizer: str
+    fp4: bool
+
+
+@functools.cache
+def _capability_major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
+
+
+def fp4_available(device: torch.device) -> bool:
+    """True on a compute-capability-10 GPU with torch's NVFP4 scaled GEMMs. Gated strictly on major == 10:
+    NVFP4 scaled_grouped_mm on Hopper launches a Blackwell kernel that corrupts the CUDA context."""
+    if device.type != "cuda":
+        return False
+    return _capability_major(device) == 10 and hasattr(F, "scaled_mm") and hasattr(F, "scaled_grouped_mm")
+
+
+def require_fp4(device: torch.device) -> None:
+    """Raise unless the real NVFP4 GEMMs can run on `device` (the recipe asked for gemm='fp4')."""
+    if not fp4_available(device):
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+        raise ValueError(f"gemm='fp4' needs a Blackwell GPU (compute capability 10.x) and torch's NVFP4 "
+                         f"scaled_mm / scaled_grouped_mm; {what} has none: use gemm='auto' or 'emulated'")
+
+
+def environment_overrides() -> tuple[str | None, bool]:
+    """(QUANTIZER_ENV's quantizer or None, whether EMULATE_ENV=1 forces emulated GEMMs), checked: a bad value is
+    an error, never ignored ("true" once silently ran the real kernels). The package's only environment read
+    (the launchers call it at start-up to fail early)."""
+    quantizer = os.environ.get(QUANTIZER_ENV)
+    if quantizer is not None and quantizer not in QUANTIZERS:
+        raise ValueError(f"{QUANTIZER_ENV}={quantizer!r} is not supported; valid values: {', '.join(QUANTIZERS)}")
+    emulate = os.environ.get(EMULATE_ENV, "")
+    if emulate not in EMULATE_VALUES:
+        raise ValueError(f"{EMULATE_ENV}={emulate!r} is not supported; valid values: '1' (emulate every GEMM), '0' "
+                         "or unset (the recipe's gemm knob decides)")
+    return quantizer, emulate == "1"
+
+
+def resolve_backends(quantizer: str, gemm: str, device: torch.device) -> Backends:
+    """The implementations the knobs `quantizer` and `gemm` name on `device`, after the environment overrides;
+    an implementation the knob requires but the device lacks is an error here, not at a later call."""
+    override, emulate = environment_overrides()
+    quantizer = override or quantizer
+    if quantizer != "reference":
+        quantizer = _kernels_or_reference(quantizer == "triton", device)
+    if gemm == "emulated" or emulate:
+        return Backends(quantizer, False)
+    if gemm == "fp4":
+        require_fp4(device)
+        return Backends(quantizer, True)
+    return Backends(quantizer, fp4_available(device))
+
+
+def _kernels_or_reference(strict: bool, device: torch.device) -> str:
+    """'triton' (strict) or 'auto' where the kernels can run on `device`, else 'reference' (an error if strict)."""
+    if device.type != "cuda":
+        if strict:
+            raise ValueError(f"quantizer='triton' needs CUDA tensors, got x on {device}; use quantizer='auto' or "
+                             "'reference'")
+        return "reference"
+    for name in KERNEL_MODULES:
+        module = _kernel_module(name)
+        if isinstance(module, ImportError):
+            if strict:
+                raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({module})")
+            _log.debug("reference path (Triton kernels unavailable: %s)", module)
+            return "reference"
+    return "triton" if strict else "auto"
+
+
+backends_for = functools.cache(resolve_backends)
+"""resolve_backends, stored per (quantizer, gemm, device): what every call after a device's first reads."""
 
 
 @functools.cache
@@ -47,28 +125,17 @@ def _kernel_module(name: str):
 
 
 def kernels_for(x: torch.Tensor, quantizer: str, name: str, *more: torch.Tensor, check: str = "eligible"):
-    """The kernels module `name` ("quantize", "amax", "decode", "epilogue") to run on x (and `more` inputs), or
-    None for the reference. `check` names the module's predicate that must accept the inputs.
+    """The kernels module `name` (KERNEL_MODULES) to run on x (and `more` inputs), or None for the reference,
+    for a quantizer resolved by resolve_backends for x's device. `check` names the module's predicate that
+    must accept the inputs.
 
     Never called while torch.compile traces: the public entry points are custom ops there (library.py).
     """
-    choice = quantizer_choice(quantizer)
-    if choice == "reference":
-        return None
-    strict = choice == "triton"
-    if x.device.type != "cuda":
-        if strict:
-            raise ValueError(f"quantizer='triton' needs CUDA tensors, got x on {x.device}; use quantizer='auto' "
-                             "or 'reference'")
+    if quantizer == "reference":
         return None
     module = _kernel_module(name)
-    if isinstance(module, ImportError):
-        if strict:
-            raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({module})")
-        _log.debug("%s: reference path (Triton kernels unavailable: %s)", name, module)
-        return None
     if not getattr(module, check)(x, *more):
-        if strict:
+        if quantizer == "triton":
             raise ValueError(f"quantizer='triton': the {name} kernel does not take x {x.dtype} {tuple(x.shape)} "
                              f"strides {x.stride()}; use quantizer='auto' to fall back to the reference")
         _log.debug("%s: reference path (x %s %s strides %s not taken by the kernel)", name, x.dtype, tuple(x.shape),

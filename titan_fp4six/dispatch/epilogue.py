@@ -7,7 +7,7 @@ from .backend import kernels_for
 
 
 def run_scale_cast(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor, b_bound: int,
-                   dtype, quantizer: str = "auto") -> torch.Tensor:
+                   dtype, quantizer: str) -> torch.Tensor:
     """acc (M, N) FP32 * (amax_a/(6B_a) * amax_b/(6B_b)) cast to dtype; a_amax () or (M,), b_amax ()."""
     kernels = kernels_for(acc, quantizer, "epilogue")
     if kernels is not None:
@@ -16,7 +16,7 @@ def run_scale_cast(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax
 
 
 def run_grouped_scale_cast(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
-                           group_of_row: torch.Tensor, scale_bound: int, dtype, quantizer: str = "auto"):
+                           group_of_row: torch.Tensor, scale_bound: int, dtype, quantizer: str):
     """prod (M, N) * (fa * fw) per row cast to dtype, zeros past offs[-1] (grouped_scale_cast_reference)."""
     kernels = kernels_for(prod, quantizer, "epilogue")
     if kernels is not None:

@@ -26,7 +26,7 @@ import torch
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
-from ..ops import blackwell
+from ..dispatch.backend import fp4_available
 from ..ops.recipe import FourOverSixRecipe
 from ..ops.stats import MAP4_STATS
 from . import fidelity
@@ -54,7 +54,7 @@ def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
     """
     if recipe.gemm == "emulated":
         return 0
-    return 2 if grouped or recipe.resolved_backward(grouped) != "quantized" else 6
+    return 2 if grouped or recipe.plan(grouped).backward != "quantized" else 6
 
 
 def fp4_flops_per_token() -> int:
@@ -76,7 +76,7 @@ def native_fp4(job_config, parallel_dims) -> bool:
     emit bf16)."""
     if not torch.cuda.is_available() or compute_dtype(job_config, parallel_dims) != "bfloat16":
         return False
-    return blackwell.available(torch.device("cuda", torch.cuda.current_device()))
+    return fp4_available(torch.device("cuda", torch.cuda.current_device()))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ settings, with the same messages.
 import torch
 
 from ..numerics.formats import BLOCK_SIZE as BLOCK
-from ..ops import blackwell
-from ..ops.gemm import check_environment
+from ..dispatch.backend import environment_overrides, require_fp4
 from .sections import FAMILY
 
 
@@ -116,14 +115,14 @@ def check_not_empty(cfg, section: str, converted: list, what: str, keys: str) ->
 def check_implementations(recipe, section: str) -> None:
     """The knobs that demand an implementation (quantizer='triton', gemm='fp4') fail on this rank's hardware
     before the model is built, not at the first forward; so do bad environment overrides of them."""
-    check_environment()
+    environment_overrides()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     if recipe.quantizer == "triton" and device is None:
         raise ValueError(f"{section}.quantizer='triton' needs a CUDA device and this rank has none; use 'auto' "
                          "(Triton on CUDA, the reference elsewhere) or 'reference'")
     if recipe.gemm == "fp4":
         try:
-            blackwell.require(device or torch.device("cpu"))  # the ops' own check, with the TOML key named
+            require_fp4(device or torch.device("cpu"))  # the backends' own check, with the TOML key named
         except ValueError as e:
             raise ValueError(f"{section}.{e}") from e
 

@@ -736,13 +736,35 @@ def _chunks_per_program(chunk_cols: int, row_groups: int, most: int) -> int:
     return 1
 
 
-def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: int, decode: bool,
-            transposed: bool = False, choose: bool = True, check_amax: bool = False, groups=None, map4=True):
-    """Outputs of the (rows, cols) matrix quantized: x itself, or with `transposed` x^T of a row-major x (M, K)
-    padded with zero rows to a multiple of 16 (rows = K, cols = ceil16(M)), read from x in place. check_amax:
-    assert the public amax check on the device (not with `transposed`). amax and RowGroups `groups` as
-    reference.amax_per_row reads them. map4 (four-over-six): True returns the map-to-4 mask, False writes none,
-    a formats.map4_count_buffer gets (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts)."""
+class SpecFlags(NamedTuple):
+    """The quantize kernel's compile-time flags of an operand spec (numerics.spec.OperandSpec)."""
+    four_six: bool
+    tile16: bool
+    mse: bool
+    six_b: float
+    r6b: float
+    map6_only: bool
+    launch: str
+
+
+@functools.cache
+def spec_flags(spec) -> SpecFlags:
+    """The one place the kernel's constexprs come from a spec (cached per spec: fl(1/6B) costs a tensor division)."""
+    four_six = spec.candidates != "nvfp4"
+    six_b = 6.0 * spec.scale_bound
+    return SpecFlags(four_six, spec.block == "16x16", spec.err_mode == "mse", six_b, f32_reciprocal(six_b),
+                     spec.candidates == "6", spec.block if four_six else "nvfp4")
+
+
+def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: bool = False, groups=None,
+            map4=True):
+    """(codes, scales, map4 mask or None, decode or None) of the (rows, cols) matrix quantized by `spec`: x
+    itself, or with `transposed` x^T of a row-major x (M, K) padded with zero rows to a multiple of 16 (rows = K,
+    cols = ceil16(M)), read from x in place (1x16 specs only). check_amax: assert the public amax check on the
+    device (not with `transposed`). amax and RowGroups `groups` as reference.amax_per_row reads them. map4
+    (four-over-six): True returns the map-to-4 mask, False writes none, a formats.map4_count_buffer gets
+    (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts)."""
+    flags = spec_flags(spec)
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
@@ -750,11 +772,11 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
     else:
         rows, cols = x.shape
         row_words = x.stride(0) * x.element_size() // 4
-        launch = LAUNCH[block if four_six else "nvfp4", decode]
+        launch = LAUNCH[flags.launch, decode]
     nblk = cols // 16
     codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
-    if not four_six or map4 is False:
+    if not flags.four_six or map4 is False:
         map4_mode, map4_out, mask = 0, scales, None
     elif map4 is True:
         mask = torch.empty(rows, nblk, dtype=torch.bool, device=x.device)
@@ -771,11 +793,10 @@ def _launch(x, amax, *, four_six: bool, block: str, err_mode: str, scale_bound: 
         layout = AmaxLayout.of(amax, rows, groups)
         _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, codes, scales, map4_out,
                   scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, layout.n_groups, chunks,
-                  x.shape[0], _INPUT_KIND[x.dtype], four_six, block == "16x16", err_mode == "mse",
-                  6.0 * scale_bound, f32_reciprocal(6.0 * scale_bound), decode,
-                  not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
-                  four_six and block == "16x16" and amax.dim() == 0, launch.rows, launch.blocks, transposed,
-                  not choose, check_amax, layout.groups, layout.by_group, map4_mode, num_warps=launch.warps,
+                  x.shape[0], _INPUT_KIND[x.dtype], flags.four_six, flags.tile16, flags.mse, flags.six_b, flags.r6b,
+                  decode, not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
+                  flags.four_six and flags.tile16 and amax.dim() == 0, launch.rows, launch.blocks, transposed,
+                  flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, num_warps=launch.warps,
                   maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
 
@@ -786,38 +807,12 @@ def eligible(x: torch.Tensor) -> bool:
             and x.data_ptr() % 4 == 0)
 
 
-def four_over_six_quantize(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
-                           check_amax: bool = False, groups=None, map4=True):
-    """(codes, scales, map4) of a validated x; bitwise equal to reference.four_over_six_reference of the amax per
-    row (reference.amax_per_row of amax and RowGroups `groups`). choose=False: map-to-6 in every block;
-    check_amax: the public amax check as device asserts, in the same read of x; map4 as _launch takes it."""
-    codes, scales, mask, _ = _launch(x, amax, four_six=True, block=block, err_mode=err_mode, scale_bound=scale_bound,
-                                     decode=False, choose=choose, check_amax=check_amax, groups=groups, map4=map4)
-    return codes, scales, mask
-
-
-def four_over_six_quantize_decode(x, amax, block: str, err_mode: str, scale_bound: int, choose: bool = True,
-                                  check_amax: bool = False, groups=None, map4=True):
-    """(bf16 block-scaled decode, codes, scales, map4) from one read of x."""
-    codes, scales, mask, dec = _launch(x, amax, four_six=True, block=block, err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=True, choose=choose, check_amax=check_amax,
-                                       groups=groups, map4=map4)
-    return dec, codes, scales, mask
-
-
-def nvfp4_quantize(x, amax, check_amax: bool = False):
-    """(codes, scales) of standard NVFP4 (B=448, 1x16); bitwise equal to reference.nvfp4_reference."""
-    codes, scales, _, _ = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
-                                  decode=False, check_amax=check_amax)
-    return codes, scales
-
-
-def nvfp4_quantize_decode(x, amax, check_amax: bool = False):
-    """(bf16 block-scaled decode, codes, scales) of standard NVFP4 from one read of x; bitwise equal to
-    reference.nvfp4_reference and reference.decode_block_scaled_reference of its output."""
-    codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
-                                    decode=True, check_amax=check_amax)
-    return dec, codes, scales
+def quantize(x, amax, spec, decode: bool = False, check_amax: bool = False, groups=None, map4=True):
+    """(codes, scales, map4 mask or None, bf16 block-scaled decode or None) of a validated x quantized by `spec`
+    in one read of x; bitwise equal to the reference of the amax per row (reference.amax_per_row of amax and
+    RowGroups `groups`). check_amax: the public amax check as device asserts, in the same read of x; map4 as
+    _launch takes it."""
+    return _launch(x, amax, spec, decode, check_amax=check_amax, groups=groups, map4=map4)
 
 
 def eligible_columnwise(x: torch.Tensor) -> bool:
@@ -825,23 +820,10 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
     return x.is_cuda and x.stride(1) == 1
 
 
-def four_over_six_quantize_columnwise(x, amax, err_mode: str, scale_bound: int, decode: bool = False,
-                                      choose: bool = True, map4: bool = True):
-    """Four-over-six (1x16 blocks, per-tensor amax) of x^T for a row-major x (M, K), read in place: x^T padded
+def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True):
+    """x^T of a row-major x (M, K) quantized by a 1x16 `spec` with a per-tensor amax, read in place: x^T padded
     with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
-    materializing it. Arguments checked by the caller (the dispatch layer): knobs valid, amax FP32 of shape () on
-    x's device, x eligible_columnwise. Returns (dec, codes, scales, map4): dec the bf16 block-scaled decode
-    (K, ceil16(M)) if `decode`, else None; codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn and map4 bool
-    (K, ceil16(M) / 16), None with map4=False."""
-    codes, scales, mask, dec = _launch(x, amax, four_six=True, block="1x16", err_mode=err_mode,
-                                       scale_bound=scale_bound, decode=decode, transposed=True, choose=choose,
-                                       map4=map4)
-    return dec, codes, scales, mask
-
-
-def nvfp4_quantize_columnwise(x, amax, decode: bool = False):
-    """Standard NVFP4 of x^T for a row-major x (M, K), read in place (as four_over_six_quantize_columnwise).
-    Returns (dec, codes, scales), dec None unless `decode`."""
-    codes, scales, _, dec = _launch(x, amax, four_six=False, block="1x16", err_mode="mse", scale_bound=448,
-                                    decode=decode, transposed=True)
-    return dec, codes, scales
+    materializing it. Arguments checked by the caller (the dispatch layer): amax FP32 of shape () on x's device,
+    x eligible_columnwise. Returns (codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn (K, ceil16(M) / 16),
+    map4 mask or None, bf16 decode (K, ceil16(M)) or None)."""
+    return _launch(x, amax, spec, decode, transposed=True, map4=map4)

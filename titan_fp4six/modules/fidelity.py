@@ -30,7 +30,9 @@ from torch import nn
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from ..dispatch.quantize import padded_transpose
 from ..numerics.formats import STANDARD_BOUND
+from ..numerics.spec import OperandSpec
 from ..ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..ops.recipe import GemmPlan
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 from .experts import _FourOverSixExperts, ep_dispatched, pad_token_groups
@@ -99,7 +101,7 @@ class GemmCase:
     @property
     def quantized_backward(self) -> bool:
         """Whether backward='quantized' is defined here: a dense GEMM with per-tensor activations."""
-        return self.offs is None and not self.recipe.row_scaled
+        return self.offs is None and not self.recipe.plan(grouped=False).row_scaled
 
 
 def _gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None,
@@ -118,23 +120,20 @@ def _output_and_grads(case: GemmCase, recipe: FourOverSixRecipe | None):
     return (y.detach(), *torch.autograd.grad(y, (x, w), case.dy))
 
 
-def _four_over_six_error(t, amax, recipe: FourOverSixRecipe, block: str, choose: bool):
-    """(relative MSE, map-to-4 mask) of t quantized as the op quantizes it with these knobs."""
-    q = four_over_six_quantize(t, amax, block=block, err_mode=recipe.err_mode, scale_bound=recipe.scale_bound,
-                               quantizer=recipe.quantizer, choose=choose, validate_amax=False)
-    return relative_mse(t, nvfp4_dequantize(q.codes, q.scales, amax, scale_bound=recipe.scale_bound)), q.map4
+def _spec_error(t, amax, spec: OperandSpec, quantizer: str):
+    """(relative MSE, map-to-4 mask or None) of t quantized by `spec`, as the op quantizes that operand."""
+    if spec.candidates == "nvfp4":
+        q = nvfp4_quantize(t, amax, quantizer=quantizer, validate_amax=False)
+    else:
+        q = four_over_six_quantize(t, amax, block=spec.block, err_mode=spec.err_mode, scale_bound=spec.scale_bound,
+                                   quantizer=quantizer, choose=spec.choose, validate_amax=False)
+    return relative_mse(t, nvfp4_dequantize(q.codes, q.scales, amax, scale_bound=spec.scale_bound)), q.map4
 
 
-def _nvfp4_error(t, amax, recipe: FourOverSixRecipe) -> float:
-    """Relative MSE of t in standard NVFP4 (the quantized backward's gradient operand)."""
-    codes, scales = nvfp4_quantize(t, amax, quantizer=recipe.quantizer, validate_amax=False)
-    return relative_mse(t, nvfp4_dequantize(codes, scales, amax, scale_bound=STANDARD_BOUND))
-
-
-def _activation_amax(case: GemmCase, recipe: FourOverSixRecipe) -> torch.Tensor:
+def _activation_amax(case: GemmCase, plan: GemmPlan) -> torch.Tensor:
     """x's amax as the op takes it: per row (row-scaled), per token group (experts) or per tensor."""
     x = case.x
-    if recipe.row_scaled:
+    if plan.row_scaled:
         return row_amax(x)
     if case.offs is None:
         return tensor_amax(x)
@@ -154,20 +153,21 @@ def _weight_rows(case: GemmCase) -> tuple[torch.Tensor, torch.Tensor]:
 
 def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float]:
     """Relative quantization MSE per operand role and the forward's map-to-4 fraction under `recipe`."""
-    x_amax, (w, w_amax) = _activation_amax(case, recipe), _weight_rows(case)
-    mse_x, map4_x = _four_over_six_error(case.x, x_amax, recipe, "1x16", recipe.activations_choose)
+    plan = recipe.plan(grouped=case.offs is not None)
+    x_amax, (w, w_amax) = _activation_amax(case, plan), _weight_rows(case)
+    mse_x, map4_x = _spec_error(case.x, x_amax, plan.x, recipe.quantizer)
     map4_x = map4_x if case.token_rows is None else map4_x[case.token_rows]
-    mse_w, map4_w = _four_over_six_error(w, w_amax, recipe, recipe.weight_block, recipe.weights_choose)
+    mse_w, map4_w = _spec_error(w, w_amax, plan.w, recipe.quantizer)
     out = {"map4_fraction": (map4_x.sum() + map4_w.sum()).item() / (map4_x.numel() + map4_w.numel()),
            "mse_x": mse_x, "mse_w": mse_w}
-    if case.quantized_backward:
+    if case.quantized_backward:  # the quantized backward's operands, whichever backward the recipe runs
+        q = replace(recipe, backward="quantized").plan(grouped=False)
         dy_amax = tensor_amax(case.dy)
-        out["mse_dy"] = _nvfp4_error(case.dy, dy_amax, recipe)
-        out["mse_dyT"] = _nvfp4_error(padded_transpose(case.dy), dy_amax, recipe)
-        out["mse_xT"] = _four_over_six_error(padded_transpose(case.x), x_amax, recipe, "1x16",
-                                             recipe.activations_choose)[0]
-        out["mse_wT"] = mse_w if recipe.weight_block == "16x16" else _four_over_six_error(
-            w.t().contiguous(), w_amax, recipe, "1x16", recipe.weights_choose)[0]
+        out["mse_dy"] = _spec_error(case.dy, dy_amax, q.dy, recipe.quantizer)[0]
+        out["mse_dyT"] = _spec_error(padded_transpose(case.dy), dy_amax, q.dy, recipe.quantizer)[0]
+        out["mse_xT"] = _spec_error(padded_transpose(case.x), x_amax, q.x_t, recipe.quantizer)[0]
+        out["mse_wT"] = mse_w if q.w_t.block == "16x16" else _spec_error(w.t().contiguous(), w_amax, q.w_t,
+                                                                          recipe.quantizer)[0]
     return out
 
 

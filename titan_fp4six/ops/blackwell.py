@@ -8,13 +8,11 @@ constant fl(1/(6B)) goes in the activation's global-scale slot (in every group's
 and the kernel's bf16 output is multiplied by the raw per-row amaxes in FP32 and rounded to bf16 again. That is
 one extra bf16 rounding compared with the emulation, which applies the whole factor to the FP32 accumulator.
 
-Gated strictly on major == 10: NVFP4 scaled_grouped_mm on Hopper launches a Blackwell kernel that corrupts
-the CUDA context. Per-tensor (per-group) and row-scaled activations both run here (row-scaled: the constant
-1/(6B) in the kernel's global-scale slot, the raw per-row amaxes applied to the bf16 output, one extra bf16
-rounding). The recipe knob `gemm` (and TITAN_FP4SIX_EMULATE) decide in gemm.py.
+Per-tensor (per-group) and row-scaled activations both run here (row-scaled: the constant 1/(6B) in the
+kernel's global-scale slot, the raw per-row amaxes applied to the bf16 output, one extra bf16 rounding). Where
+they run (the recipe knob `gemm`, TITAN_FP4SIX_EMULATE, compute capability 10.x) is decided once per device by
+dispatch.backend.resolve_backends.
 """
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -22,26 +20,6 @@ import torch.nn.functional as F
 from .operands import Operand
 
 SCALE_TILE_ROWS, SCALE_TILE_COLS = 128, 4
-
-
-@functools.cache
-def _capability_major(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
-
-
-def available(device: torch.device) -> bool:
-    """True on a compute-capability-10 GPU with torch's NVFP4 scaled GEMMs."""
-    if device.type != "cuda":
-        return False
-    return _capability_major(device) == 10 and hasattr(F, "scaled_mm") and hasattr(F, "scaled_grouped_mm")
-
-
-def require(device: torch.device) -> None:
-    """Raise unless the real NVFP4 GEMMs can run on `device` (the recipe asked for gemm='fp4')."""
-    if not available(device):
-        what = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-        raise ValueError(f"gemm='fp4' needs a Blackwell GPU (compute capability 10.x) and torch's NVFP4 "
-                         f"scaled_mm / scaled_grouped_mm; {what} has none: use gemm='auto' or 'emulated'")
 
 
 def _round_up(n: int, multiple: int) -> int:

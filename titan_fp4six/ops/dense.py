@@ -2,23 +2,22 @@
 
 The quantize+GEMM forward and each backward are torch.library custom ops while torch.compile traces: opaque
 to it (Inductor cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for
-bit), with fake implementations for tracing; eager calls run the same bodies directly (custom.py). Both are
-wrapped in an autograd.Function. The ops take the resolved recipe as its key string and trust it: the public
-functions below check their arguments once.
+bit), with fake implementations for tracing; eager calls run the same bodies directly (dispatch.library). Both
+are wrapped in an autograd.Function. The ops take the recipe's dense GemmPlan as its key string and trust it:
+the public functions below check their arguments once.
 """
 
 import torch
 from torch import Tensor
 
 from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
+from ..dispatch.backend import Backends, backends_for
+from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
-from ..numerics.formats import STANDARD_BOUND
 from .checks import check_dense, check_linear_weight
-from .custom import compile_opaque_op
-from .gemm import decode_on, gemm_nt
-from .operands import (Operand, quantize_46, quantize_46_columnwise, quantize_standard, quantize_standard_columnwise,
-                       transposed_tiles)
-from .recipe import FourOverSixRecipe, recipe_from_key
+from .gemm import gemm_nt
+from .operands import Operand, quantize_columnwise, quantize_operand, transposed_tiles
+from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
@@ -29,10 +28,10 @@ def split_amaxes(amaxes: Tensor, row_scaled: bool) -> tuple[Tensor, Tensor]:
     return (amaxes[:-1], amaxes[-1]) if row_scaled else (amaxes[0], amaxes[1])
 
 
-def _forward(x: Tensor, x_amax: Tensor, wq: Operand, w_amax: Tensor, r: FourOverSixRecipe, decode: bool):
+def _forward(x: Tensor, x_amax: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
     """(output, x's operand): x quantized, times the weight's operand."""
-    xq = quantize_46(x, x_amax, "1x16", r, decode, weight=False)
-    return gemm_nt(xq, x_amax, r.scale_bound, wq, w_amax, r.scale_bound, x.dtype, r), xq
+    xq = quantize_operand(x, x_amax, p.x, b, counted=True)
+    return gemm_nt(xq, x_amax, p.x.scale_bound, wq, w_amax, p.w.scale_bound, x.dtype, b), xq
 
 
 @compile_opaque_op("dense_fwd")
@@ -40,19 +39,19 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype, then
     what the backward modes save: the forward's x codes, scales, weight codes, scales, and both amaxes in one
     FP32 vector (x's one or M, then the weight's: split_amaxes), computed together."""
-    r = recipe_from_key(recipe)
-    decode = decode_on(x.device, r.gemm)
-    amaxes = run_dense_amaxes(x, weight, r.row_scaled, r.quantizer)
-    x_amax, w_amax = split_amaxes(amaxes, r.row_scaled)
-    wq = quantize_46(weight, w_amax, r.weight_block, r, decode, weight=True)
-    out, xq = _forward(x, x_amax, wq, w_amax, r, decode)
+    p = plan_from_key(recipe, False)
+    b = backends_for(p.quantizer, p.gemm, x.device)
+    amaxes = run_dense_amaxes(x, weight, p.row_scaled, b.quantizer)
+    x_amax, w_amax = split_amaxes(amaxes, p.row_scaled)
+    wq = quantize_operand(weight, w_amax, p.w, b, counted=True)
+    out, xq = _forward(x, x_amax, wq, w_amax, p, b)
     return out, xq.codes, xq.scales, wq.codes, wq.scales, amaxes
 
 
 @dense_fwd.register_fake
 def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
-    row_scaled = recipe_from_key(recipe).row_scaled
+    row_scaled = plan_from_key(recipe, False).row_scaled
     return (x.new_empty(m, n), *_fake_codes(x, m, k), *_fake_codes(x, n, k),
             x.new_empty((m if row_scaled else 1) + 1, dtype=torch.float32))
 
@@ -62,16 +61,17 @@ def dense_fwd_quantized_weight(x: Tensor, w_codes: Tensor, w_scales: Tensor, w_d
                                w_amax: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """dense_fwd with the weight already quantized (ops.weights.QuantizedWeight): (output, x codes, x scales,
     x's amax: () or (M,) when row-scaled)."""
-    r = recipe_from_key(recipe)
-    x_amax = run_row_amax(x, r.quantizer) if r.row_scaled else run_tensor_amax(x, r.quantizer)
-    out, xq = _forward(x, x_amax, Operand(w_codes, w_scales, w_decoded), w_amax, r, decode_on(x.device, r.gemm))
+    p = plan_from_key(recipe, False)
+    b = backends_for(p.quantizer, p.gemm, x.device)
+    x_amax = run_row_amax(x, b.quantizer) if p.row_scaled else run_tensor_amax(x, b.quantizer)
+    out, xq = _forward(x, x_amax, Operand(w_codes, w_scales, w_decoded), w_amax, p, b)
     return out, xq.codes, xq.scales, x_amax
 
 
 @dense_fwd_quantized_weight.register_fake
 def _(x, w_codes, w_scales, w_decoded, w_amax, recipe):
     m, k = x.shape
-    row_scaled = recipe_from_key(recipe).row_scaled
+    row_scaled = plan_from_key(recipe, False).row_scaled
     return (x.new_empty(m, w_codes.shape[0]), *_fake_codes(x, m, k),
             x.new_empty(m if row_scaled else (), dtype=torch.float32))
 
@@ -80,25 +80,26 @@ def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
     return t.new_empty(rows, k // 2, dtype=torch.uint8), t.new_empty(rows, k // 16, dtype=_F8)
 
 
-def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, r: FourOverSixRecipe, x_dtype,
-                     w_dtype, need_dx, need_dw):
-    """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy in standard NVFP4
-    with its own per-tensor amax, x and W columnwise with the forward's amax. Columnwise operands are blocked
-    along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing)."""
-    dy_amax = run_tensor_amax(dy, r.quantizer)
-    decode = decode_on(dy.device, r.gemm)
+def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p: GemmPlan, x_dtype, w_dtype,
+                     need_dx, need_dw):
+    """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy by p.dy with its own
+    per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax. Columnwise operands are blocked
+    along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing); a 16x16 W^T
+    is the forward's tiles transposed."""
+    b = backends_for(p.quantizer, p.gemm, dy.device)
+    dy_amax = run_tensor_amax(dy, b.quantizer)
     dx = dw = dy.new_empty(0)
     if need_dx:
-        if r.weight_block == "16x16":
-            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), decode, r.quantizer)
+        if p.w_t.block == "16x16":
+            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b)
         else:
-            w_col = quantize_46_columnwise(weight, w_amax, r, decode, weight=True)
-        dx = gemm_nt(quantize_standard(dy, dy_amax, r, decode), dy_amax, STANDARD_BOUND, w_col, w_amax, r.scale_bound,
-                     x_dtype, r)
+            w_col = quantize_columnwise(weight, w_amax, p.w_t, b)
+        dx = gemm_nt(quantize_operand(dy, dy_amax, p.dy, b), dy_amax, p.dy.scale_bound, w_col, w_amax,
+                     p.w_t.scale_bound, x_dtype, b)
     if need_dw:
-        dy_col = quantize_standard_columnwise(dy, dy_amax, r, decode)
-        x_col = quantize_46_columnwise(x, x_amax, r, decode, weight=False)
-        dw = gemm_nt(dy_col, dy_amax, STANDARD_BOUND, x_col, x_amax, r.scale_bound, w_dtype, r)
+        dy_col = quantize_columnwise(dy, dy_amax, p.dy, b)
+        x_col = quantize_columnwise(x, x_amax, p.x_t, b)
+        dw = gemm_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, w_dtype, b)
     return dx, dw
 
 
@@ -109,15 +110,16 @@ def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tens
               need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed.
     w_decoded: the forward weight's decode where it outlives the forward (a QuantizedWeight), else None."""
-    r = recipe_from_key(recipe)
-    if r.backward == "quantized":
-        return _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, r, x_dtype, w_dtype,
+    p = plan_from_key(recipe, False)
+    if p.backward == "quantized":
+        return _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p, x_dtype, w_dtype,
                                 need_dx, need_dw)
     # high_precision / dequantized: GEMMs in the activations' dtype (bf16 in training) on the original or the
     # dequantized forward operands
-    if r.backward == "dequantized":
-        x = run_dequantize(x_codes, x_scales, x_amax, r.scale_bound, x_dtype, r.quantizer)
-        weight = run_dequantize(w_codes, w_scales, w_amax, r.scale_bound, x_dtype, r.quantizer)
+    if p.backward == "dequantized":
+        quantizer = backends_for(p.quantizer, p.gemm, dy.device).quantizer
+        x = run_dequantize(x_codes, x_scales, x_amax, p.x.scale_bound, x_dtype, quantizer)
+        weight = run_dequantize(w_codes, w_scales, w_amax, p.w.scale_bound, x_dtype, quantizer)
     dy = dy.to(x_dtype)
     dx = torch.mm(dy, weight.to(x_dtype)) if need_dx else dy.new_empty(0)
     dw = torch.mm(dy.t(), x).to(w_dtype) if need_dw else dy.new_empty(0)
@@ -136,19 +138,19 @@ def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, w_decoded, x_amax, w_
 
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, recipe: FourOverSixRecipe, qw: QuantizedWeight | None):
-        key = recipe.key
+    def forward(ctx, x, weight, p: GemmPlan, qw: QuantizedWeight | None):
+        key = p.key
         if qw is None:
             out, xc, xs, wc, ws, amaxes = dense_fwd(x, weight, key)
-            (x_amax, w_amax), w_dec = split_amaxes(amaxes, recipe.row_scaled), None
+            (x_amax, w_amax), w_dec = split_amaxes(amaxes, p.row_scaled), None
         else:
             out, xc, xs, x_amax = dense_fwd_quantized_weight(x, qw.codes, qw.scales, qw.decoded, qw.amax, key)
             wc, ws, w_dec, w_amax = qw.codes, qw.scales, qw.decoded, qw.amax
-        if recipe.backward == "high_precision":
+        if p.backward == "high_precision":
             saved = (x, weight, None, None, None, None, None)
-        elif recipe.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
+        elif p.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
             saved = (None, None, xc, xs, wc, ws, None)
-        elif recipe.weight_block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
+        elif p.w_t.block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
             saved = (x, None, None, None, wc, ws, w_dec)
         else:
             saved = (x, weight, None, None, None, None, None)
@@ -165,17 +167,17 @@ class _DenseFunction(torch.autograd.Function):
 
 
 def _apply(x2d: Tensor, weight: Tensor, recipe: FourOverSixRecipe, quantized_weight: QuantizedWeight | None):
-    resolved = recipe.resolve(grouped=False)
+    plan = recipe.plan(grouped=False)
     if quantized_weight is not None:
-        quantized_weight.check(weight, resolved, "weight")
-    return _DenseFunction.apply(x2d, weight, resolved, quantized_weight)
+        quantized_weight.check(weight, plan, "weight")
+    return _DenseFunction.apply(x2d, weight, plan, quantized_weight)
 
 
 def quantize_linear_weight(weight: Tensor, *, recipe: FourOverSixRecipe) -> QuantizedWeight:
     """weight (N, K) quantized as four_over_six_linear's forward quantizes it, to pass as its quantized_weight
     while the weight is unchanged (e.g. across gradient-accumulation micro-batches)."""
     check_linear_weight(weight, recipe)
-    return quantize_rows(weight, 0, recipe.resolve(grouped=False), weight)
+    return quantize_rows(weight, 0, recipe.plan(grouped=False), weight)
 
 
 def four_over_six_mm(x2d: Tensor, weight: Tensor, *, recipe: FourOverSixRecipe,

@@ -11,54 +11,16 @@ dense path and with the Blackwell kernel, which applies the factors to the FP32 
 
 import functools
 import logging
-import os
 
 import torch
 
-from ..dispatch.backend import quantizer_choice
+from ..dispatch.backend import Backends
 from ..dispatch.epilogue import run_grouped_scale_cast, run_scale_cast
 from ..numerics.reference import global_decode_factor
 from . import blackwell
 from .operands import Operand
-from .recipe import FourOverSixRecipe
 
 log = logging.getLogger(__name__)
-
-EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
-EMULATE_VALUES = ("1", "0", "")
-
-
-def emulation_forced() -> bool:
-    """EMULATE_ENV=1 forces emulated GEMMs; "0", empty or unset leave the `gemm` knob in charge. Anything else
-    ("true", "yes") is an error rather than silently ignored."""
-    value = os.environ.get(EMULATE_ENV, "")
-    if value not in EMULATE_VALUES:
-        raise ValueError(f"{EMULATE_ENV}={value!r} is not supported; valid values: '1' (emulate every GEMM), '0' or "
-                         "unset (the recipe's gemm knob decides)")
-    return value == "1"
-
-
-def check_environment() -> None:
-    """Both environment overrides (TITAN_FP4SIX_QUANTIZER, EMULATE_ENV) checked at start-up, not at the first
-    forward: the launchers and the converters call this."""
-    quantizer_choice("auto")
-    emulation_forced()
-
-
-def fp4_gemms(device: torch.device, gemm: str) -> bool:
-    """Whether the real NVFP4 GEMMs run (recipe knob `gemm`; EMULATE_ENV=1 forces emulation everywhere)."""
-    if gemm == "emulated" or emulation_forced():
-        return False
-    if gemm == "fp4":
-        blackwell.require(device)
-        return True
-    return blackwell.available(device)
-
-
-def decode_on(device: torch.device, gemm: str) -> bool:
-    """Whether the quantizers should also produce the bf16 decode (fused) for an emulated GEMM."""
-    return not fp4_gemms(device, gemm)
-
 
 @functools.cache
 def _cuda_mm_out_fp32(device: torch.device) -> bool:
@@ -89,38 +51,38 @@ def row_split(amax_rows: torch.Tensor, scale_bound: int) -> tuple[torch.Tensor, 
 
 
 def gemm_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: torch.Tensor, b_bound: int,
-            out_dtype, recipe: FourOverSixRecipe) -> torch.Tensor:
+            out_dtype, backends: Backends) -> torch.Tensor:
     """a (M, K) x b (N, K)^T -> (M, N) in out_dtype, with the global decode factors amax/(6B) of each side:
-    a_amax () or (M,) (row-scaled), b_amax (); the recipe's `gemm` and `quantizer` knobs choose the kernels."""
-    if out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, recipe.gemm):
+    a_amax () or (M,) (row-scaled), b_amax (); `backends` choose the kernels."""
+    if out_dtype == torch.bfloat16 and backends.fp4:
         b_factor = global_decode_factor(b_amax, b_bound)
         if a_amax.dim() == 0:
             return blackwell.scaled_mm_nt(a, global_decode_factor(a_amax, a_bound), b, b_factor, out_dtype)
         return blackwell.scaled_mm_nt_row_scaled(a, *row_split(a_amax, a_bound), b, b_factor, out_dtype)
-    acc = mm_f32(a.block_scaled(recipe.quantizer), b.block_scaled(recipe.quantizer).t())
-    return run_scale_cast(acc, a_amax, a_bound, b_amax, b_bound, out_dtype, recipe.quantizer)
+    acc = mm_f32(a.block_scaled(backends.quantizer), b.block_scaled(backends.quantizer).t())
+    return run_scale_cast(acc, a_amax, a_bound, b_amax, b_bound, out_dtype, backends.quantizer)
 
 
 def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Operand, w_amax: torch.Tensor,
-                    offs: torch.Tensor, group_of_row: torch.Tensor, out_dtype,
-                    recipe: FourOverSixRecipe) -> torch.Tensor:
+                    offs: torch.Tensor, group_of_row: torch.Tensor, scale_bound: int, out_dtype,
+                    backends: Backends) -> torch.Tensor:
     """A (M, K) grouped by offs x expert weights w (E*N, K) -> (M, N); rows past offs[-1] are zeros.
 
     a_amax is per row (M,) (row-scaled) or per group (E,) (a_per_group), w_amax (E,) per expert; every factor
-    is amax/(6B) with the recipe's bound.
+    is amax/(6B) with B = scale_bound (both operands').
     """
     experts = w_amax.numel()
-    if out_dtype == torch.bfloat16 and fp4_gemms(a.codes.device, recipe.gemm):
-        w_factor = global_decode_factor(w_amax, recipe.scale_bound)
+    if out_dtype == torch.bfloat16 and backends.fp4:
+        w_factor = global_decode_factor(w_amax, scale_bound)
         if a_per_group:
-            out = blackwell.scaled_grouped_mm_nt(a, global_decode_factor(a_amax, recipe.scale_bound), w, w_factor,
+            out = blackwell.scaled_grouped_mm_nt(a, global_decode_factor(a_amax, scale_bound), w, w_factor,
                                                  offs, experts, out_dtype)
         else:
-            out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *row_split(a_amax, recipe.scale_bound), w, w_factor,
+            out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *row_split(a_amax, scale_bound), w, w_factor,
                                                             offs, experts, out_dtype)
         return torch.where((group_of_row < experts)[:, None], out, 0)
-    w_dec = w.block_scaled(recipe.quantizer).view(experts, -1, w.codes.shape[1] * 2)
+    w_dec = w.block_scaled(backends.quantizer).view(experts, -1, w.codes.shape[1] * 2)
     # bf16 output: the extra rounding
-    prod = torch._grouped_mm(a.block_scaled(recipe.quantizer), w_dec.transpose(-2, -1), offs=offs)
-    return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, recipe.scale_bound, out_dtype,
-                                  recipe.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0
+    prod = torch._grouped_mm(a.block_scaled(backends.quantizer), w_dec.transpose(-2, -1), offs=offs)
+    return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, out_dtype,
+                                  backends.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0

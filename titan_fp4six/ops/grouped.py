@@ -10,13 +10,14 @@ import torch
 from torch import Tensor
 
 from ..dispatch.amax import run_token_groups
+from ..dispatch.backend import Backends, backends_for
+from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
 from ..numerics.reference import RowGroups
 from .checks import check_expert_weights, check_grouped, check_offs_values
-from .custom import compile_opaque_op
-from .gemm import decode_on, grouped_gemm_nt
-from .operands import Operand, quantize_46
-from .recipe import FourOverSixRecipe, recipe_from_key
+from .gemm import grouped_gemm_nt
+from .operands import Operand, quantize_operand
+from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
 
 _F8 = torch.float8_e4m3fn
@@ -28,19 +29,19 @@ def _expert_rows(B_t: Tensor) -> Tensor:
     return B_t.transpose(-2, -1).reshape(experts * n, k)
 
 
-def _token_rows(group_of_row: Tensor, offs: Tensor, r: FourOverSixRecipe) -> RowGroups:
+def _token_rows(group_of_row: Tensor, offs: Tensor, p: GemmPlan) -> RowGroups:
     """A's rows by token group: the amax per group, or per row when row-scaled."""
-    return RowGroups(group_of_row, offs.numel(), amax_by_group=not r.row_scaled)
+    return RowGroups(group_of_row, offs.numel(), amax_by_group=not p.row_scaled)
 
 
-def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, r: FourOverSixRecipe, decode: bool):
+def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
     """(output, A's operand, A's amax, group of each row, empty groups): A quantized, times the experts' operand."""
     check_offs_values(offs, A.shape[0])
     # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
     # token's amax
-    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, r.row_scaled, r.quantizer)
-    aq = quantize_46(A, a_amax, "1x16", r, decode, weight=False, groups=_token_rows(group_of_row, offs, r))
-    out = grouped_gemm_nt(aq, a_amax, not r.row_scaled, wq, w_amax, offs, group_of_row, A.dtype, r)
+    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, p.row_scaled, b.quantizer)
+    aq = quantize_operand(A, a_amax, p.x, b, _token_rows(group_of_row, offs, p), counted=True)
+    out = grouped_gemm_nt(aq, a_amax, not p.row_scaled, wq, w_amax, offs, group_of_row, p.w.scale_bound, A.dtype, b)
     return out, aq, a_amax, group_of_row, empty_groups
 
 
@@ -49,10 +50,10 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
                 recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,), the
     group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
-    r = recipe_from_key(recipe)
-    decode = decode_on(A.device, r.gemm)
-    wq, w_amax = quantize_weight_rows(_expert_rows(B_t), B_t.shape[0], r, decode)
-    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, r, decode)
+    p = plan_from_key(recipe, True)
+    b = backends_for(p.quantizer, p.gemm, A.device)
+    wq, w_amax = quantize_weight_rows(_expert_rows(B_t), B_t.shape[0], p, b)
+    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, p, b)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 
 
@@ -70,9 +71,9 @@ def grouped_fwd_quantized_weight(A: Tensor, offs: Tensor, w_codes: Tensor, w_sca
                                  recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """grouped_fwd with the experts' weights already quantized (ops.weights.QuantizedWeight): output, then A
     codes, scales, amax, the group of each row and which groups are empty."""
-    r = recipe_from_key(recipe)
+    p = plan_from_key(recipe, True)
     out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, Operand(w_codes, w_scales, w_decoded), w_amax,
-                                                           r, decode_on(A.device, r.gemm))
+                                                           p, backends_for(p.quantizer, p.gemm, A.device))
     return out, aq.codes, aq.scales, a_amax, group_of_row, empty_groups
 
 
@@ -85,7 +86,7 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
     """Fake A codes, scales, amax, group of each row and empty groups."""
     m, k = A.shape
     e = offs.shape[0]
-    row_scaled = recipe_from_key(recipe).row_scaled
+    row_scaled = plan_from_key(recipe, True).row_scaled
     return (A.new_empty(m, k // 2, dtype=torch.uint8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=torch.float32), A.new_empty(m, dtype=torch.int64),
             A.new_empty(e, dtype=torch.bool))
@@ -99,12 +100,13 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
     grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands. group_of_row
     and empty_groups are the forward's."""
-    r = recipe_from_key(recipe)
+    p = plan_from_key(recipe, True)
     experts = offs.numel()
-    if r.backward == "dequantized":
-        A = run_dequantize(a_codes, a_scales, a_amax, r.scale_bound, a_dtype, r.quantizer,
-                           _token_rows(group_of_row, offs, r))
-        w = run_dequantize(w_codes, w_scales, w_amax, r.scale_bound, a_dtype, r.quantizer)
+    if p.backward == "dequantized":
+        quantizer = backends_for(p.quantizer, p.gemm, dy.device).quantizer
+        A = run_dequantize(a_codes, a_scales, a_amax, p.x.scale_bound, a_dtype, quantizer,
+                           _token_rows(group_of_row, offs, p))
+        w = run_dequantize(w_codes, w_scales, w_amax, p.w.scale_bound, a_dtype, quantizer)
         w = w.view(experts, w.shape[0] // experts, -1)
     else:
         w = B_t.transpose(-2, -1).to(a_dtype)
@@ -131,15 +133,15 @@ def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w
 
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, B_t, offs, recipe: FourOverSixRecipe, qw: QuantizedWeight | None):
-        key = recipe.key
+    def forward(ctx, A, B_t, offs, p: GemmPlan, qw: QuantizedWeight | None):
+        key = p.key
         if qw is None:
             out, ac, as_, aa, wc, ws, wa, group_of_row, empty_groups = grouped_fwd(A, B_t, offs, key)
         else:
             out, ac, as_, aa, group_of_row, empty_groups = grouped_fwd_quantized_weight(
                 A, offs, qw.codes, qw.scales, qw.decoded, qw.amax, key)
             wc, ws, wa = qw.codes, qw.scales, qw.amax
-        if recipe.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
+        if p.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
             ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, wa)
         else:
             ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, None, None, None, None)
@@ -158,7 +160,7 @@ def quantize_grouped_weight(B_t: Tensor, *, recipe: FourOverSixRecipe) -> Quanti
     """Expert weights B_t (E, K, N) (the transposed view of (E, N, K)) quantized as four_over_six_grouped_mm's
     forward quantizes them, to pass as its quantized_weight while they are unchanged."""
     check_expert_weights(B_t, recipe)
-    return quantize_rows(_expert_rows(B_t), B_t.shape[0], recipe.resolve(grouped=True), B_t)
+    return quantize_rows(_expert_rows(B_t), B_t.shape[0], recipe.plan(grouped=True), B_t)
 
 
 def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe,
@@ -166,12 +168,12 @@ def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: Fo
     """torch._grouped_mm(A, B_t, offs=offs) with four-over-six NVFP4 operands -> (M, N) in A's dtype.
 
     A (M, K) rows sorted by expert; B_t (E, K, N) the transposed view of (E, N, K) expert weights; offs int32
-    inclusive group ends (length E, offs[-1] <= M). Backward: recipe.resolved_backward(grouped=True).
+    inclusive group ends (length E, offs[-1] <= M). Backward: recipe.plan(grouped=True).backward.
     quantized_weight: quantize_grouped_weight(B_t, recipe=recipe) made earlier from these same, unchanged
     weights: the forward skips their amax and quantization (same result); the gradient still flows to B_t.
     """
     check_grouped(A, B_t, offs, recipe)
-    resolved = recipe.resolve(grouped=True)
+    plan = recipe.plan(grouped=True)
     if quantized_weight is not None:
-        quantized_weight.check(B_t, resolved, "B_t")
-    return _GroupedFunction.apply(A, B_t, offs, resolved, quantized_weight)
+        quantized_weight.check(B_t, plan, "B_t")
+    return _GroupedFunction.apply(A, B_t, offs, plan, quantized_weight)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dispatch.quantize import (run_decode_block_scaled, run_four_over_six, run_four_over_six_columnwise, run_nvfp4,
-                                 run_nvfp4_columnwise)
+from ..dispatch.backend import Backends
+from ..dispatch.quantize import run_decode_block_scaled, run_quantize, run_quantize_columnwise
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from ..numerics.reference import RowGroups
-from .recipe import FourOverSixRecipe
+from ..numerics.spec import OperandSpec
 from .stats import MAP4_STATS
 
 
@@ -26,48 +26,30 @@ class Operand:
     decoded: torch.Tensor | None = None
 
     def block_scaled(self, quantizer: str) -> torch.Tensor:
-        """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input; decoded here (by the recipe's
-        `quantizer` choice) unless the quantizer wrote it already."""
+        """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input; decoded here (by the resolved
+        `quantizer`) unless the quantizer wrote it already."""
         if self.decoded is None:
             self.decoded = run_decode_block_scaled(self.codes, self.scales, quantizer)
         return self.decoded
 
 
-def quantize_46(x: torch.Tensor, amax: torch.Tensor, block: str, recipe: FourOverSixRecipe, decode: bool,
-                weight: bool, groups: RowGroups | None = None) -> Operand:
-    """Four-over-six quantize of a forward weight (weight=True) or activation operand with the recipe's knobs,
-    the candidate choice as the recipe's `scope` says for that role (fused with the bf16 decode when the emulated
-    GEMM will need it); each row's amax by reference.amax_per_row(amax, rows, groups). While MAP4_STATS is
-    enabled the quantizer adds its map-to-4 counts to it."""
-    codes, scales, _, decoded = run_four_over_six(x.contiguous(), amax, block, recipe.err_mode, recipe.scale_bound,
-                                                  recipe.quantizer, decode, _chooses(recipe, weight), groups=groups,
-                                                  map4=MAP4_STATS.counts(x.device))
+def quantize_operand(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
+                     groups: RowGroups | None = None, counted: bool = False) -> Operand:
+    """x quantized by `spec`, fused with the bf16 decode when the emulated GEMM will need it; each row's amax by
+    reference.amax_per_row(amax, rows, groups). counted (the forward's operands): while MAP4_STATS is enabled the
+    quantizer adds its map-to-4 counts to it."""
+    map4 = MAP4_STATS.counts(x.device) if counted else False
+    codes, scales, _, decoded = run_quantize(x.contiguous(), amax, spec, backends.quantizer, not backends.fp4,
+                                             groups=groups, map4=map4)
     return Operand(codes, scales, decoded)
 
 
-def quantize_46_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe, decode: bool,
-                           weight: bool) -> Operand:
+def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends) -> Operand:
     """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K) and a per-tensor amax, 1x16 blocks along M (the
     quantized backward's columnwise operands), read from x in place on CUDA."""
-    codes, scales, _, decoded = run_four_over_six_columnwise(x, amax, recipe.err_mode, recipe.scale_bound,
-                                                             recipe.quantizer, decode, _chooses(recipe, weight),
-                                                             map4=False)
+    codes, scales, _, decoded = run_quantize_columnwise(x, amax, spec, backends.quantizer, not backends.fp4,
+                                                        map4=False)
     return Operand(codes, scales, decoded)
-
-
-def quantize_standard(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe, decode: bool) -> Operand:
-    """Standard NVFP4 (B=448, 1x16): the gradient operand of the quantized backward."""
-    return Operand(*run_nvfp4(x.contiguous(), amax, recipe.quantizer, decode))
-
-
-def quantize_standard_columnwise(x: torch.Tensor, amax: torch.Tensor, recipe: FourOverSixRecipe,
-                                 decode: bool) -> Operand:
-    """Standard NVFP4 of x^T (K, ceil16(M)), blocked along M (the gradient's operand of the weight GEMM)."""
-    return Operand(*run_nvfp4_columnwise(x, amax, recipe.quantizer, decode))
-
-
-def _chooses(recipe: FourOverSixRecipe, weight: bool) -> bool:
-    return recipe.weights_choose if weight else recipe.activations_choose
 
 
 def transpose_tiles(op: Operand) -> Operand:
@@ -80,7 +62,7 @@ def transpose_tiles(op: Operand) -> Operand:
     return Operand(codes_t, scales_t)
 
 
-def transposed_tiles(op: Operand, decode: bool, quantizer: str) -> Operand:
+def transposed_tiles(op: Operand, backends: Backends) -> Operand:
     """The transpose of a 16x16-tile-quantized operand: for the emulated GEMM its decode, transposed (a view: a
     tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed."""
-    return Operand(None, None, op.block_scaled(quantizer).t()) if decode else transpose_tiles(op)
+    return transpose_tiles(op) if backends.fp4 else Operand(None, None, op.block_scaled(backends.quantizer).t())

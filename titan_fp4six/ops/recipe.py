@@ -1,20 +1,21 @@
 """FourOverSixRecipe: every knob of the four-over-six GEMMs, in one place, checked once at construction.
 
 The TOML sections of the torchtitan integration derive their fields and defaults from this dataclass
-(`KNOBS`), so a knob is declared, documented and validated here only. Modules store a recipe resolved for
-their GEMM kind (`resolve`: backward never "auto"); the hot path passes it to the custom ops as its `key`
+(`KNOBS`), so a knob is declared, documented and validated here only. resolve_plan turns a recipe into a
+GemmPlan, the operand spec of every role of a dense or grouped GEMM; modules store a recipe resolved for their
+GEMM kind (`resolve`: backward never "auto"); the hot path passes its plan to the custom ops as its `key`
 string and never validates it again.
 """
 
 import functools
 from dataclasses import dataclass, field, fields, replace
 
-from ..dispatch.backend import QUANTIZERS
+from ..dispatch.backend import GEMMS, QUANTIZERS
+from ..numerics.spec import NVFP4, OperandSpec
 from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
 
 ACTIVATION_SCALINGS = ("tensor", "row")
 BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
-GEMMS = ("auto", "emulated", "fp4")
 SCOPES = ("all", "weights", "activations", "none")
 
 
@@ -24,7 +25,8 @@ def _knob(default, valid, doc: str):
 
 @dataclass(frozen=True, kw_only=True)
 class FourOverSixRecipe:
-    """How a four-over-six GEMM quantizes and where it runs (docs/numerics.md, docs/ops.md)."""
+    """How a four-over-six GEMM quantizes and where it runs (docs/numerics.md, docs/ops.md). `key`: the knob
+    values as one string in field order (what plan_from_key parses)."""
 
     err_mode: str = _knob("mse", ERR_MODES, "Candidate choice per block between map-to-6 and map-to-4: 'mse' or "
                                             "'mae' error.")
@@ -53,39 +55,65 @@ class FourOverSixRecipe:
             raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with "
                              "FourOverSixRecipe.activation_scaling='row' (per-row scales do not transpose); use "
                              "backward='high_precision' or 'dequantized', or activation_scaling='tensor'")
+        # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
+        # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
+        object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
+        object.__setattr__(self, "_plans", (resolve_plan(self, grouped=False),
+                                            None if self.backward == "quantized" else resolve_plan(self, grouped=True)))
 
-    @property
-    def row_scaled(self) -> bool:
-        return self.activation_scaling == "row"
-
-    @property
-    def weights_choose(self) -> bool:
-        """Whether weight operands choose between map-to-4 and map-to-6 (else map-to-6 only)."""
-        return self.scope in ("all", "weights")
-
-    @property
-    def activations_choose(self) -> bool:
-        """Whether activation operands (x, A and their columnwise forms) choose between the candidates."""
-        return self.scope in ("all", "activations")
-
-    def resolved_backward(self, grouped: bool) -> str:
-        """The backward mode a dense (grouped=False) or grouped GEMM runs: never "auto"."""
-        if grouped and self.backward == "quantized":
-            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
-                             "valid there: 'auto', 'high_precision', 'dequantized'")
-        if self.backward != "auto":
-            return self.backward
-        return "high_precision" if grouped or self.row_scaled else "quantized"
+    def plan(self, grouped: bool) -> "GemmPlan":
+        """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
+        return self._plans[grouped] or resolve_plan(self, grouped)  # a grouped 'quantized' raises there
 
     def resolve(self, grouped: bool) -> "FourOverSixRecipe":
         """This recipe with `backward` resolved for a dense or grouped GEMM (what modules store)."""
-        backward = self.resolved_backward(grouped)
+        backward = self.plan(grouped).backward
         return self if backward == self.backward else replace(self, backward=backward)
 
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
+    implementation knobs. dy, x_t, w_t: the quantized backward's operands (gradient, x^T, W^T; None in the
+    other modes); a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
+    again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
+
+    key: str
+    backward: str
+    x: OperandSpec
+    w: OperandSpec
+    dy: OperandSpec | None
+    x_t: OperandSpec | None
+    w_t: OperandSpec | None
+    quantizer: str
+    gemm: str
+
     @property
-    def key(self) -> str:
-        """The recipe as one string (knob values in field order), the form the custom ops take."""
-        return ",".join([str(getattr(self, f.name)) for f in KNOBS])
+    def row_scaled(self) -> bool:
+        return self.x.scaling == "row"
+
+
+def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
+    """The one place that reads `scope`, `weight_block`, `activation_scaling` and `backward`: the spec of every
+    operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
+    high_precision for row-scaled activations and routed experts)."""
+    if grouped and recipe.backward == "quantized":
+        raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
+                         "valid there: 'auto', 'high_precision', 'dequantized'")
+    row = recipe.activation_scaling == "row"
+    backward = recipe.backward
+    if backward == "auto":
+        backward = "high_precision" if grouped or row else "quantized"
+
+    def spec(choose: bool, block: str, scaling: str) -> OperandSpec:
+        return OperandSpec("4/6" if choose else "6", block, scaling, recipe.scale_bound, recipe.err_mode)
+
+    x = spec(recipe.scope in ("all", "activations"), "1x16", "row" if row else "group" if grouped else "tensor")
+    w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
+    quantized = backward == "quantized"
+    key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
+    return GemmPlan(key, backward, x, w, NVFP4 if quantized else None, x if quantized else None,
+                    w if quantized else None, recipe.quantizer, recipe.gemm)
 
 
 KNOBS = tuple(fields(FourOverSixRecipe))
@@ -93,7 +121,8 @@ KNOBS = tuple(fields(FourOverSixRecipe))
 
 
 @functools.cache
-def recipe_from_key(key: str) -> FourOverSixRecipe:
-    """Inverse of FourOverSixRecipe.key (cached: the hot path parses each distinct recipe once)."""
+def plan_from_key(key: str, grouped: bool) -> GemmPlan:
+    """Inverse of GemmPlan.key, called only inside the custom ops' bodies (cached: each distinct key is parsed
+    once)."""
     values = key.split(",")
-    return FourOverSixRecipe(**{f.name: f.type(v) for f, v in zip(KNOBS, values)})
+    return FourOverSixRecipe(**{f.name: f.type(v) for f, v in zip(KNOBS, values)}).plan(grouped)

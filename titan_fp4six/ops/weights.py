@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from ..dispatch.amax import run_expert_amax, run_tensor_amax
-from .custom import compile_opaque_op
-from .gemm import decode_on
-from .operands import Operand, quantize_46
-from .recipe import FourOverSixRecipe, recipe_from_key
+from ..dispatch.backend import Backends, backends_for
+from ..dispatch.library import compile_opaque_op
+from .operands import Operand, quantize_operand
+from .recipe import GemmPlan, plan_from_key
 
 
 @dataclass(frozen=True)
@@ -31,16 +31,16 @@ class QuantizedWeight:
     amax: Tensor
     source: tuple
 
-    def check(self, weight: Tensor, recipe: FourOverSixRecipe, name: str) -> None:
-        """Raise unless this was made from a weight like `weight` with `recipe` (resolved as the op resolves it)."""
-        want = _source(weight, recipe)
+    def check(self, weight: Tensor, plan: GemmPlan, name: str) -> None:
+        """Raise unless this was made from a weight like `weight` with the recipe whose plan the op runs."""
+        want = _source(weight, plan)
         if self.source != want:
             raise ValueError(f"quantized_weight was made from {_describe(self.source)}, but {name} is "
                              f"{_describe(want)}; quantize that weight with this recipe")
 
 
-def _source(weight: Tensor, recipe: FourOverSixRecipe) -> tuple:
-    return recipe.key, tuple(weight.shape), weight.dtype, weight.device
+def _source(weight: Tensor, plan: GemmPlan) -> tuple:
+    return plan.key, tuple(weight.shape), weight.dtype, weight.device
 
 
 def _describe(source: tuple) -> str:
@@ -48,33 +48,34 @@ def _describe(source: tuple) -> str:
     return f"a {dtype} weight of shape {shape} on {device} (recipe {key})"
 
 
-def quantize_weight_rows(w: Tensor, experts: int, r: FourOverSixRecipe, decode: bool) -> tuple[Operand, Tensor]:
-    """(operand, amax) of weight rows w (R, K): one amax over w (experts=0) or one per run of R/experts rows (an
-    expert's), the weight block and candidate choice of the recipe (what the grouped forward quantizes; the dense
-    forward takes its weight's amax in one launch with x's)."""
-    amax = run_expert_amax(w, experts, r.quantizer) if experts else run_tensor_amax(w, r.quantizer)
-    return quantize_46(w, amax, r.weight_block, r, decode, weight=True), amax
+def quantize_weight_rows(w: Tensor, experts: int, p: GemmPlan, b: Backends) -> tuple[Operand, Tensor]:
+    """(operand, amax) of weight rows w (R, K) by the plan's weight spec: one amax over w (experts=0) or one per
+    run of R/experts rows (an expert's) (what the grouped forward quantizes; the dense forward takes its
+    weight's amax in one launch with x's)."""
+    amax = run_expert_amax(w, experts, b.quantizer) if experts else run_tensor_amax(w, b.quantizer)
+    return quantize_operand(w, amax, p.w, b, counted=True), amax
 
 
 @compile_opaque_op("quantize_weight")
 def quantize_weight_op(w: Tensor, experts: int, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(codes, scales, decode or an empty tensor, amax) of quantize_weight_rows."""
-    r = recipe_from_key(recipe)
-    q, amax = quantize_weight_rows(w, experts, r, decode_on(w.device, r.gemm))
+    p = plan_from_key(recipe, bool(experts))
+    q, amax = quantize_weight_rows(w, experts, p, backends_for(p.quantizer, p.gemm, w.device))
     return q.codes, q.scales, (w.new_empty(0, dtype=torch.bfloat16) if q.decoded is None else q.decoded), amax
 
 
 @quantize_weight_op.register_fake
 def _(w, experts, recipe):
     rows, k = w.shape
-    decoded = w.new_empty(rows, k, dtype=torch.bfloat16) if decode_on(w.device, recipe_from_key(recipe).gemm) else (
-        w.new_empty(0, dtype=torch.bfloat16))
+    p = plan_from_key(recipe, bool(experts))
+    fp4 = backends_for(p.quantizer, p.gemm, w.device).fp4
+    decoded = w.new_empty(0 if fp4 else (rows, k), dtype=torch.bfloat16)
     return (w.new_empty(rows, k // 2, dtype=torch.uint8), w.new_empty(rows, k // 16, dtype=torch.float8_e4m3fn),
             decoded, w.new_empty(experts or (), dtype=torch.float32))
 
 
-def quantize_rows(w: Tensor, experts: int, recipe: FourOverSixRecipe, source: Tensor) -> QuantizedWeight:
+def quantize_rows(w: Tensor, experts: int, plan: GemmPlan, source: Tensor) -> QuantizedWeight:
     """QuantizedWeight of weight rows w (R, K) (see quantize_weight_op), recorded as made from `source`."""
     with torch.no_grad():
-        codes, scales, decoded, amax = quantize_weight_op(w.contiguous(), experts, recipe.key)
-    return QuantizedWeight(codes, scales, decoded if decoded.numel() else None, amax, _source(source, recipe))
+        codes, scales, decoded, amax = quantize_weight_op(w.contiguous(), experts, plan.key)
+    return QuantizedWeight(codes, scales, decoded if decoded.numel() else None, amax, _source(source, plan))

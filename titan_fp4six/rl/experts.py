@@ -25,6 +25,7 @@ from torch import Tensor
 from ..modules.autocast import autocast_operands, no_autocast
 from ..dispatch import four_over_six_quantize_decode, global_decode_factor, row_amax
 from ..dispatch.amax import run_expert_amax, run_token_groups
+from ..dispatch.library import resolved_quantizer
 from ..numerics.reference import amax_per_row, expand_per_row
 from . import consistent
 
@@ -42,12 +43,12 @@ def quantize_expert_weight(w: Tensor, recipe) -> tuple[Tensor, Tensor]:
     expert's own amax, the recipe's weight block) without the GEMM."""
     experts, n, k = w.shape
     rows = w.reshape(experts * n, k).contiguous()
-    amax = run_expert_amax(rows, experts, recipe.quantizer)
-    decoded, _ = four_over_six_quantize_decode(rows, amax_per_row(amax, experts * n), block=recipe.weight_block,
-                                               err_mode=recipe.err_mode, scale_bound=recipe.scale_bound,
-                                               quantizer=recipe.quantizer, choose=recipe.weights_choose,
-                                               validate_amax=False)
-    return decoded.view(experts, n, k), global_decode_factor(amax, recipe.scale_bound)
+    spec = recipe.plan(grouped=True).w
+    amax = run_expert_amax(rows, experts, resolved_quantizer(recipe.quantizer, rows.device))
+    decoded, _ = four_over_six_quantize_decode(rows, amax_per_row(amax, experts * n), block=spec.block,
+                                               err_mode=spec.err_mode, scale_bound=spec.scale_bound,
+                                               quantizer=recipe.quantizer, choose=spec.choose, validate_amax=False)
+    return decoded.view(experts, n, k), global_decode_factor(amax, spec.scale_bound)
 
 
 class ExpertWeightCache:
@@ -77,14 +78,16 @@ class ExpertWeightCache:
 
 def quantize_rows(x: Tensor, offs: Tensor, recipe) -> tuple[Tensor, Tensor]:
     """Expert-sorted activation rows -> (decoded bf16, per-row global factor): row amax or group amax."""
-    if recipe.row_scaled:
+    spec = recipe.plan(grouped=True).x
+    if spec.scaling == "row":
         amax = row_amax(x)
     else:
-        amax = expand_per_row(*run_token_groups(x, offs, per_row=False, quantizer=recipe.quantizer)[:2])
-    decoded, _ = four_over_six_quantize_decode(x.contiguous(), amax, block="1x16", err_mode=recipe.err_mode,
-                                               scale_bound=recipe.scale_bound, quantizer=recipe.quantizer,
-                                               choose=recipe.activations_choose, validate_amax=False)
-    return decoded, global_decode_factor(amax, recipe.scale_bound)
+        quantizer = resolved_quantizer(recipe.quantizer, x.device)
+        amax = expand_per_row(*run_token_groups(x, offs, False, quantizer)[:2])
+    decoded, _ = four_over_six_quantize_decode(x.contiguous(), amax, block=spec.block, err_mode=spec.err_mode,
+                                               scale_bound=spec.scale_bound, quantizer=recipe.quantizer,
+                                               choose=spec.choose, validate_amax=False)
+    return decoded, global_decode_factor(amax, spec.scale_bound)
 
 
 def _grouped(x_dec: Tensor, x_factor: Tensor, weight: tuple[Tensor, Tensor], counts: Tensor, offs: Tensor,

@@ -1,0 +1,57 @@
+"""OperandSpec: how one GEMM operand is quantized. The recipe resolves to one spec per operand role, the ops
+pass specs down, the dispatch layer quantizes a tensor by its spec and the Triton quantizer derives its
+compile-time flags from it, so a new way to quantize (a rounding, a transform) is added here first."""
+
+import functools
+from dataclasses import dataclass, fields
+
+from .formats import STANDARD_BOUND
+from .validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
+
+CANDIDATES = ("4/6", "6", "nvfp4")
+"""'4/6': each block keeps the candidate (map-to-4 or map-to-6) of smaller error; '6': map-to-6 in every block
+(the four-over-six arithmetic, for operands outside the recipe's scope); 'nvfp4': standard NVFP4 (one
+candidate, its own scale arithmetic; scale_bound 448, 1x16 blocks)."""
+SCALINGS = ("tensor", "row", "group")
+"""Where an operand's global amax comes from: the whole tensor (an expert's, for expert weights), each row
+(token), or each token group of a grouped GEMM."""
+ROUNDINGS = ("nearest",)
+TRANSFORMS = ("none",)
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """One operand's quantization; checked once at construction (specs are made when a recipe is resolved)."""
+
+    candidates: str = "4/6"
+    block: str = "1x16"
+    scaling: str = "tensor"
+    scale_bound: int = 256
+    err_mode: str = "mse"
+    rounding: str = "nearest"
+    transform: str = "none"
+
+    def __post_init__(self):
+        for f in fields(self):
+            check_choice(f"OperandSpec.{f.name}", getattr(self, f.name), _VALID[f.name])
+        if self.candidates == "nvfp4" and (self.scale_bound != STANDARD_BOUND or self.block != "1x16"):
+            raise ValueError(f"OperandSpec.candidates='nvfp4' is standard NVFP4: scale_bound={STANDARD_BOUND}, "
+                             f"block='1x16'; got scale_bound={self.scale_bound}, block={self.block!r}")
+
+    @property
+    def choose(self) -> bool:
+        """Whether blocks choose between map-to-4 and map-to-6."""
+        return self.candidates == "4/6"
+
+
+_VALID = {"candidates": CANDIDATES, "block": BLOCKS, "scaling": SCALINGS, "scale_bound": SCALE_BOUNDS,
+          "err_mode": ERR_MODES, "rounding": ROUNDINGS, "transform": TRANSFORMS}
+
+NVFP4 = OperandSpec(candidates="nvfp4", scale_bound=STANDARD_BOUND)
+"""Standard NVFP4 (the quantized backward's gradient operand)."""
+
+
+@functools.cache
+def four_over_six_spec(block: str, err_mode: str, scale_bound: int, choose: bool) -> OperandSpec:
+    """The spec of the public four-over-six quantizers' arguments (cached: their eager path builds none)."""
+    return OperandSpec("4/6" if choose else "6", block, scale_bound=scale_bound, err_mode=err_mode)
