@@ -2,7 +2,7 @@
 
 Without them the allocator keeps fixed-size segments, and tensors whose sizes change every step (MoE token
 groups) fragment them: on the H200 the Qwen3 MoE 4/6 recipe reserved 1.18-1.23x the memory of its bf16 twin
-without expandable segments and 1.02x with them, at 0.98x of its speed (docs/performance.md, round 5). The
+without expandable segments and 1.02x with them, at 0.98x of its speed (docs/performance.md). The
 setting changes where tensors live, never what is computed.
 """
 

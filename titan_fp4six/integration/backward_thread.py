@@ -4,7 +4,7 @@ By default a CUDA backward is handed to a worker thread of the autograd engine. 
 backward bodies are Python (autograd.Function), and on the H200 host they ran 1.8-2.7x slower on that
 thread than on the calling one (1024^3 dense backward: 182 vs 66 us high_precision, 767 vs 416 us
 quantized), plus ~100 us of thread hand-off per backward call. torchtitan drives one GPU per process, so the
-worker thread buys no parallelism; the bytes computed are the same either way (docs/performance.md, round 4).
+worker thread buys no parallelism; the bytes computed are the same either way (docs/performance.md).
 """
 
 import torch

@@ -22,7 +22,7 @@ A_TENSOR, A_ROW, A_GROUP = 0, 1, 2  # how the activation-side amax is laid out
 
 
 # N is specialized (multiple of 16 or not): with it known, Triton can vectorize the row loads and stores; without,
-# each element moves alone (scripts/bench_kernels.py --only epilogue times both).
+# each element moves alone (`python -m scripts.bench kernels --only epilogue` times both).
 @triton.jit(do_not_specialize=["M", "experts"])
 def _scale_cast_kernel(acc_ptr, a_amax_ptr, b_amax_ptr, group_ptr, out_ptr, M, N, experts, A_MODE: tl.constexpr,
                        GROUPED: tl.constexpr, A_R6B: tl.constexpr, B_R6B: tl.constexpr, OUT: tl.constexpr,
