@@ -1,10 +1,11 @@
 """Four-over-six NVFP4 GEMMs with autograd: dense linear/mm and the MoE grouped GEMM (torchtitan-independent)."""
 
 from .dense import four_over_six_linear, four_over_six_mm, quantize_linear_weight
-from .grouped import four_over_six_grouped_mm, quantize_grouped_weight
+from .grouped import decode_grouped_activations, four_over_six_grouped_mm, quantize_grouped_weight
 from .recipe import FourOverSixRecipe
 from .stats import MAP4_STATS, Map4Stats
 from .weights import QuantizedWeight
 
-__all__ = ["FourOverSixRecipe", "MAP4_STATS", "Map4Stats", "QuantizedWeight", "four_over_six_grouped_mm",
+__all__ = ["FourOverSixRecipe", "MAP4_STATS", "Map4Stats", "QuantizedWeight", "decode_grouped_activations",
+           "four_over_six_grouped_mm",
            "four_over_six_linear", "four_over_six_mm", "quantize_grouped_weight", "quantize_linear_weight"]

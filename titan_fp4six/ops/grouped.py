@@ -13,7 +13,7 @@ from ..dispatch.amax import run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
-from ..numerics.reference import RowGroups
+from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
 from .checks import check_expert_weights, check_grouped, check_offs_values
 from .gemm import grouped_gemm_nt
 from .operands import Operand, quantize_operand
@@ -34,13 +34,20 @@ def _token_rows(group_of_row: Tensor, offs: Tensor, p: GemmPlan) -> RowGroups:
     return RowGroups(group_of_row, offs.numel(), amax_by_group=not p.row_scaled)
 
 
-def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
-    """(output, A's operand, A's amax, group of each row, empty groups): A quantized, times the experts' operand."""
+def _quantize_tokens(A: Tensor, offs: Tensor, p: GemmPlan, b: Backends,
+                     counted: bool) -> tuple[Operand, Tensor, Tensor, Tensor]:
+    """(A's operand, A's amax, group of each row, empty groups): A's rows quantized by the plan's x spec."""
     check_offs_values(offs, A.shape[0])
     # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
     # token's amax
     a_amax, group_of_row, empty_groups = run_token_groups(A, offs, p.row_scaled, b.quantizer)
-    aq = quantize_operand(A, a_amax, p.x, b, _token_rows(group_of_row, offs, p), counted=True)
+    aq = quantize_operand(A, a_amax, p.x, b, _token_rows(group_of_row, offs, p), counted=counted)
+    return aq, a_amax, group_of_row, empty_groups
+
+
+def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
+    """(output, A's operand, A's amax, group of each row, empty groups): A quantized, times the experts' operand."""
+    aq, a_amax, group_of_row, empty_groups = _quantize_tokens(A, offs, p, b, counted=True)
     out = grouped_gemm_nt(aq, a_amax, not p.row_scaled, wq, w_amax, offs, group_of_row, p.w.scale_bound, A.dtype, b)
     return out, aq, a_amax, group_of_row, empty_groups
 
@@ -161,6 +168,17 @@ def quantize_grouped_weight(B_t: Tensor, *, recipe: FourOverSixRecipe) -> Quanti
     forward quantizes them, to pass as its quantized_weight while they are unchanged."""
     check_expert_weights(B_t, recipe)
     return quantize_rows(_expert_rows(B_t), B_t.shape[0], recipe.plan(grouped=True), B_t)
+
+
+def decode_grouped_activations(A: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe) -> tuple[Tensor, Tensor]:
+    """(bf16 block-scaled decode (M, K), each row's global decode factor amax/(6B) (M,)) of A's rows as
+    four_over_six_grouped_mm's forward quantizes them, for a caller that runs its own GEMM on the decode (the RL
+    consistent mode's batch-invariant one). Not counted in MAP4_STATS: it is no training forward."""
+    p = recipe.plan(grouped=True)
+    b = backends_for(p.quantizer, p.gemm, A.device)
+    aq, a_amax, group_of_row, _ = _quantize_tokens(A, offs, p, b, counted=False)
+    amax = amax_per_row(a_amax, A.shape[0], _token_rows(group_of_row, offs, p))
+    return aq.block_scaled(b.quantizer), global_decode_factor(amax, p.x.scale_bound)
 
 
 def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe,
