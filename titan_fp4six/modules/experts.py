@@ -11,6 +11,8 @@ module pads the groups itself; with it, the dispatcher already did (into an over
 offs[-1] reach the op, and the output is zero-extended back, so padding rows never reach an amax.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,26 +94,37 @@ class _FourOverSixExperts:
     weight_cache: WeightCache | None = None
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        quantize = None if self.weight_cache is None else functools.partial(cached_weights, self, self.weight_cache,
+                                                                              recipe=self.recipe)
+        return self.run(x, num_tokens_per_expert, self.recipe, quantize)
+
+    def run(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
+            quantize=None) -> torch.Tensor:
+        """The forward with `recipe`; quantize(weights): the (w1, w2, w3) operands' QuantizedWeights, or None to
+        quantize them in each GEMM. Rollouts run it with their own recipe and cache (rl/experts.py)."""
         weights = [local_weight(getattr(self, n), n, experts=True) for n in _NAMES]
         dispatched = ep_dispatched(self)
         *weights, x_in = autocast_operands(*weights, x)
         with no_autocast(x.device):
-            quantized = _NO_CACHE if self.weight_cache is None else tuple(self._cached(n, w)
-                                                                          for n, w in zip(_NAMES, weights))
+            quantized = _NO_CACHE if quantize is None else quantize(weights)
             if dispatched:
-                out = run_experts(*weights, x_in, num_tokens_per_expert, self.recipe, quantized=quantized)
+                out = run_experts(*weights, x_in, num_tokens_per_expert, recipe, quantized=quantized)
             else:
-                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, self.recipe, self.pad_multiple,
-                                         quantized)
+                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, recipe, self.pad_multiple, quantized)
             return out.to(x.dtype)
-
-    def _cached(self, name: str, weight: torch.Tensor) -> QuantizedWeight | None:
-        return self.weight_cache.get(name, getattr(self, name), weight,
-                                     lambda: quantize_grouped_weight(weight.transpose(-2, -1), recipe=self.recipe))
 
     def extra_repr(self) -> str:
         cached = ", cache_weights=True" if self.weight_cache is not None else ""
         return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}{cached}"
+
+
+def cached_weights(module: nn.Module, cache: WeightCache, weights: list[torch.Tensor],
+                   recipe: FourOverSixRecipe) -> tuple[QuantizedWeight | None, ...]:
+    """The QuantizedWeights of a converted experts module's (w1, w2, w3) operands `weights` (its parameters as
+    its forward hands them to the op) from `cache`, quantized with `recipe` on a miss."""
+    return tuple(cache.get(n, getattr(module, n), w,
+                           functools.partial(quantize_grouped_weight, w.transpose(-2, -1), recipe=recipe))
+                 for n, w in zip(_NAMES, weights))
 
 
 _CLASSES: dict[type, type] = {}
