@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers.rl_helpers import float_histc, score, tiny_model  # noqa: F401 (fixture)
+from titan_fp4six.ops import MAP4_STATS
 from titan_fp4six.rl import consistent
 from titan_fp4six.rl.experts import ExpertWeightCache, cached_experts
 from titan_fp4six.rl.forward import kernels
@@ -91,6 +92,16 @@ def test_fast_rollouts_quantize_expert_weights_once_per_refresh(float_histc):
     trainer = score(model, [TARGET, OTHERS[1]], tokens, kernels(False))
     for a, b in zip(trainer, logprobs):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+
+
+def test_rollouts_and_consistent_scoring_stay_out_of_the_map4_statistics(float_histc, monkeypatch):
+    model = tiny_model("row")
+    monkeypatch.setattr(MAP4_STATS, "enabled", True)  # as on a logged training step
+    MAP4_STATS.read_and_reset()
+    for consistent_mode in (False, True):
+        tokens, _ = _rollout(model, [TARGET], consistent_mode)
+    score(model, [TARGET], tokens, kernels(True))
+    assert MAP4_STATS.read_and_reset() is None
 
 
 @pytest.mark.parametrize("bad", [dict(max_new_tokens=0), dict(top_p=0.0), dict(temperature=-1.0)])

@@ -1,124 +1,72 @@
-"""Routed experts for rollouts: expert weights quantized once per weight refresh, not once per decode step.
+"""Routed experts for rollouts: the training ops and weight cache, weights quantized once per weight refresh.
 
-`ExpertWeightCache` holds each converted experts module's three weights as the emulated GEMM consumes them
-(the exact bf16 block-scaled decode, (E, N, K), and the per-expert global factor amax/(6B)). The trainer
-calls `invalidate()` after every optimizer step (a fused AdamW does not bump the parameters' version
-counters); entries are also keyed on those counters, so in-place edits elsewhere re-quantize too. The
-quantization is the ops' own (the numerics API with the same per-expert amax and weight block), so the
-cached operands are byte-identical to what the training forward quantizes. It is not the modules' training
-WeightCache (`cache_weights`): rollouts need the bf16 decode on every device (also where training runs real FP4
-GEMMs) and must not add their quantizations to the training's map-to-4 statistics.
+Rollouts quantize with the experts' recipe at gemm='emulated' (`rollout_recipe`): every QuantizedWeight then
+carries the exact bf16 decode that the consistent mode's invariant GEMMs read, and fast rollouts run the same
+emulated GEMM on every device (also where training runs real FP4 GEMMs). `ExpertWeightCache` holds one training
+WeightCache (modules/weight_cache.py) per converted experts module; the trainer calls `invalidate()` after every
+optimizer step (a fused AdamW does not bump the parameters' version counters); entries are also keyed on those
+counters, so in-place edits elsewhere re-quantize too.
 
-`cached_experts(model, cache)` points every converted experts module's forward at the cache for the duration
-of a rollout (torchtitan's MoE routing is unchanged); the consistent mode's MoE (`consistent_moe`) reads the
-same cache. Rollouts run the emulated GEMM on every device (no Blackwell FP4 kernel here).
+`cached_experts(model, cache)` runs every converted experts module's own forward (`run`) with the rollout
+recipe and the cache for the duration of a rollout (torchtitan's MoE routing is unchanged); the consistent
+mode's MoE (`consistent_moe`) reads the same cache and the ops' activation decode.
 """
 
 import contextlib
+import dataclasses
 import functools
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..modules.autocast import autocast_operands, no_autocast
-from ..dispatch import four_over_six_quantize_decode, global_decode_factor, row_amax
-from ..dispatch.amax import run_expert_amax, run_token_groups
-from ..dispatch.library import resolved_quantizer
-from ..numerics.reference import amax_per_row, expand_per_row
+from ..modules.dtensor import local_weight
+from ..modules.experts import cached_weights
+from ..modules.weight_cache import WeightCache
+from ..numerics.reference import global_decode_factor
+from ..ops import MAP4_STATS, FourOverSixRecipe, QuantizedWeight, decode_grouped_activations
 from . import consistent
 
 _NAMES = ("w1", "w2", "w3")
-_ALIGN = 16
-"""Rows per token group handed to torch._grouped_mm (groups are zero-padded to a multiple)."""
 
 
 def is_quantized(experts) -> bool:
     return getattr(experts, "recipe", None) is not None and all(hasattr(experts, n) for n in _NAMES)
 
 
-def quantize_expert_weight(w: Tensor, recipe) -> tuple[Tensor, Tensor]:
-    """(E, N, K) -> (decoded (E, N, K) bf16, factor (E,) FP32): the grouped op's weight quantization (each
-    expert's own amax, the recipe's weight block) without the GEMM."""
-    experts, n, k = w.shape
-    rows = w.reshape(experts * n, k).contiguous()
-    spec = recipe.plan(grouped=True).w
-    amax = run_expert_amax(rows, experts, resolved_quantizer(recipe.quantizer, rows.device))
-    decoded, _ = four_over_six_quantize_decode(rows, amax_per_row(amax, experts * n), block=spec.block,
-                                               err_mode=spec.err_mode, scale_bound=spec.scale_bound,
-                                               quantizer=recipe.quantizer, choose=spec.choose, validate_amax=False)
-    return decoded.view(experts, n, k), global_decode_factor(amax, spec.scale_bound)
+@functools.cache
+def rollout_recipe(recipe: FourOverSixRecipe) -> FourOverSixRecipe:
+    """The experts' recipe with the emulated GEMM: same quantization, and the bf16 decode always written."""
+    return dataclasses.replace(recipe, gemm="emulated")
 
 
 class ExpertWeightCache:
-    """Quantized expert weights per (module, dtype), recomputed only when a weight's version changes."""
+    """A training WeightCache per converted experts module, filled with the rollout recipe's QuantizedWeights."""
 
     def __init__(self):
-        self._entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.refreshes = 0
-        """How many times weights were quantized (a test counts them)."""
+        """How many times a module's weights were quantized (a test counts them)."""
 
     def invalidate(self) -> None:
         """Weights changed (a policy update): the next rollout quantizes them again, once."""
-        self._entries.clear()
+        self._caches.clear()
 
-    def get(self, experts, dtype: torch.dtype) -> list[tuple[Tensor, Tensor]]:
-        weights = [getattr(experts, n) for n in _NAMES]
-        weights = [w.to_local() if hasattr(w, "to_local") else w for w in weights]
-        key = (dtype, tuple(w._version for w in weights))
-        entry = self._entries.get(experts)
-        if entry is None or entry[0] != key:
-            with torch.no_grad():
-                entry = (key, [quantize_expert_weight(w.to(dtype), experts.recipe) for w in weights])
-            self._entries[experts] = entry
-            self.refreshes += 1
-        return entry[1]
+    def quantized(self, experts, weights: list[Tensor]) -> tuple[QuantizedWeight, ...]:
+        """The QuantizedWeights of experts' (w1, w2, w3) operands `weights`, quantized on a miss; not counted in
+        MAP4_STATS (the generator pauses it, the trainer's consistent forward is not the ops' training forward)."""
+        cache = self._caches.setdefault(experts, WeightCache())
+        before = cache.quantizations
+        with MAP4_STATS.paused():
+            out = cached_weights(experts, cache, weights, rollout_recipe(experts.recipe))
+        self.refreshes += cache.quantizations != before
+        return out
 
 
-def quantize_rows(x: Tensor, offs: Tensor, recipe) -> tuple[Tensor, Tensor]:
-    """Expert-sorted activation rows -> (decoded bf16, per-row global factor): row amax or group amax."""
-    spec = recipe.plan(grouped=True).x
-    if spec.scaling == "row":
-        amax = row_amax(x)
-    else:
-        quantizer = resolved_quantizer(recipe.quantizer, x.device)
-        amax = expand_per_row(*run_token_groups(x, offs, False, quantizer)[:2])
-    decoded, _ = four_over_six_quantize_decode(x.contiguous(), amax, block=spec.block, err_mode=spec.err_mode,
-                                               scale_bound=spec.scale_bound, quantizer=recipe.quantizer,
-                                               choose=spec.choose, validate_amax=False)
-    return decoded, global_decode_factor(amax, spec.scale_bound)
-
-
-def _grouped(x_dec: Tensor, x_factor: Tensor, weight: tuple[Tensor, Tensor], counts: Tensor, offs: Tensor,
-             out_dtype) -> Tensor:
-    """Emulated grouped GEMM on cached weights: groups zero-padded to _ALIGN rows for torch._grouped_mm."""
-    w_dec, w_factor = weight
-    counts = counts.to(torch.int64)
-    sizes = (counts + _ALIGN - 1) // _ALIGN * _ALIGN
-    starts = torch.cumsum(sizes, 0) - sizes
-    expert_of_row = torch.repeat_interleave(torch.arange(counts.numel(), device=x_dec.device), counts,
-                                            output_size=x_dec.shape[0])
-    dest = starts[expert_of_row] + torch.arange(x_dec.shape[0], device=x_dec.device) - (offs.long() - counts)[
-        expert_of_row]
-    padded = x_dec.new_zeros(int(sizes.sum()), x_dec.shape[1]).index_copy(0, dest, x_dec)
-    prod = torch._grouped_mm(padded, w_dec.transpose(-2, -1), offs=torch.cumsum(sizes, 0, dtype=torch.int32))
-    return (prod.index_select(0, dest).float() * (x_factor * w_factor[expert_of_row])[:, None]).to(out_dtype)
-
-
-def _cached_forward(experts, cache: ExpertWeightCache, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
-    """The converted experts' forward (same quantization, emulated GEMMs) on cached weights."""
-    (x_in,) = autocast_operands(x)
-    recipe = experts.recipe
-    with no_autocast(x.device):
-        w1, w2, w3 = cache.get(experts, x_in.dtype)
-        counts = num_tokens_per_expert.to(torch.int64)
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        dec, factor = quantize_rows(x_in, offs, recipe)
-        h = F.silu(_grouped(dec, factor, w1, counts, offs, x_in.dtype))
-        h = h * _grouped(dec, factor, w3, counts, offs, x_in.dtype)
-        dec, factor = quantize_rows(h, offs, recipe)
-        return _grouped(dec, factor, w2, counts, offs, x_in.dtype).to(x.dtype)
+def _rollout_forward(experts, cache: ExpertWeightCache, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
+    """The converted experts' forward with the rollout recipe on cached weights."""
+    return experts.run(x, num_tokens_per_expert, rollout_recipe(experts.recipe),
+                       functools.partial(cache.quantized, experts))
 
 
 @contextlib.contextmanager
@@ -126,7 +74,7 @@ def cached_experts(model: torch.nn.Module, cache: ExpertWeightCache):
     """Within the block, converted experts modules of `model` run on `cache` (torchtitan's MoE unchanged)."""
     patched = [m for m in model.modules() if is_quantized(m)]
     for m in patched:
-        m.forward = functools.partial(_cached_forward, m, cache)
+        m.forward = functools.partial(_rollout_forward, m, cache)
     try:
         yield
     finally:
@@ -158,10 +106,11 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     counts = torch.bincount(top_idx.view(-1), minlength=experts.num_experts).tolist()
     rows = x[order // router.top_k]
     w1, w2, w3 = (getattr(experts, n) for n in _NAMES)
-    if is_quantized(experts):
-        weights = cache.get(experts, torch.float32) if cache is not None else [
-            quantize_expert_weight(getattr(experts, n).detach().float(), experts.recipe) for n in _NAMES]
-        gemm = [functools.partial(_quantized_grouped_product, *weights[i], experts.recipe) for i in range(3)]
+    if is_quantized(experts):  # without a rollout's cache (the trainer's forward): quantized now, not kept
+        operands = [local_weight(getattr(experts, n), n, experts=True).float() for n in _NAMES]
+        weights = (cache or ExpertWeightCache()).quantized(experts, operands)
+        recipe = rollout_recipe(experts.recipe)
+        gemm = [functools.partial(_quantized_grouped_product, w, recipe) for w in weights]
     else:
         gemm = [None] * 3
     h = consistent.silu(consistent.grouped_mm(rows, w1, counts, gemm[0])) * consistent.grouped_mm(
@@ -174,12 +123,14 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     return result
 
 
-def _quantized_grouped_product(w_dec: Tensor, w_factor: Tensor, recipe, x: Tensor, w: Tensor,
+def _quantized_grouped_product(weight: QuantizedWeight, recipe: FourOverSixRecipe, x: Tensor, w: Tensor,
                                counts: list[int]) -> Tensor:
-    """The experts' 4/6 product for the invariant grouped GEMM: x quantized per row (row-scaled) or per
-    expert group (then batch-dependent), the weights' cached or fresh decode."""
+    """The experts' 4/6 product for the invariant grouped GEMM: x quantized as the grouped op does (per row when
+    row-scaled; per expert group, then batch-dependent), times the weights' decode, then both global factors."""
     sizes = torch.tensor(counts, device=x.device)
     offs = torch.cumsum(sizes, 0, dtype=torch.int32)
-    dec, factor = quantize_rows(x, offs, recipe)
+    dec, factor = decode_grouped_activations(x, offs, recipe=recipe)
+    w_dec = weight.decoded.view(len(counts), -1, x.shape[1])
+    w_factor = global_decode_factor(weight.amax, recipe.scale_bound)
     owner = torch.repeat_interleave(torch.arange(len(counts), device=x.device), sizes, output_size=x.shape[0])
     return consistent.grouped_product(dec, w_dec, counts) * (factor * w_factor[owner])[:, None]

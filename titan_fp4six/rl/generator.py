@@ -8,7 +8,6 @@ logprob of the argmax is returned).
 With top_p < 1 the trainer cannot re-score the truncation, so the mismatch then includes it.
 """
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -53,18 +52,9 @@ def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.
     return token, policy.gather(-1, token[:, None]).squeeze(-1)
 
 
-@contextlib.contextmanager
-def _map4_stats_paused():
-    """Rollouts do not count toward the training map-to-4 metric (whose counters must not be inference tensors)."""
-    enabled, MAP4_STATS.enabled = MAP4_STATS.enabled, False
-    try:
-        yield
-    finally:
-        MAP4_STATS.enabled = enabled
-
-
+# rollouts do not count toward the training map-to-4 metric (whose counters must not be inference tensors)
 @torch.inference_mode()
-@_map4_stats_paused()
+@MAP4_STATS.paused()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_ids: tuple[int, ...] = (),
              pad_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
              generator: torch.Generator | None = None) -> Rollout:
