@@ -1,7 +1,7 @@
-"""`python -m tests.helpers.step_dump DUMP [LOAD [--no-yarn]] -- <titan_fp4six.train arguments>`: train through the launcher of
-the installed torchtitan (0.2.2 or 0.3.0) and write to DUMP (torch.save, after every step) the model's initial state
-dict (seeded, nothing trained yet), the batches the loader gave (`loader_batches`), the batches trained on
-(`batches`: input dict and labels), the step losses and the step-1 gradients (`grads`).
+"""`python -m tests.helpers.step_dump DUMP [LOAD [--no-yarn]] -- <titan_fp4six.train arguments>`: train through
+the launcher of the installed torchtitan (0.2.2 or 0.3.0) and write to DUMP (torch.save, after every step) the
+model's initial state dict (seeded, nothing trained yet), the batches the loader gave (`loader_batches`), the
+batches trained on (`batches`: input dict and labels), the step losses and the step-1 gradients (`grads`).
 
 With LOAD (a DUMP of a 0.2.2 run, read under torchtitan 0.3), the 0.3 model starts from that run's weights (names
 mapped by `to_tt03`) and each step trains on that run's batch, so the two runs' losses differ only by how the
