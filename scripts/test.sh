@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 "${PYTHON:-python3}" -m pytest -q tests "$@"
 bash scripts/setup_tt03.sh
-exec .venv-tt03/bin/python -m pytest -q tests/test_tt03.py tests/test_integration_version.py "$@"
+exec .venv-tt03/bin/python -m pytest -q tests/test_tt03.py tests/test_tt03_parity.py tests/test_integration_version.py "$@"

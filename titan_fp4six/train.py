@@ -101,10 +101,10 @@ def prepare_process_tt03() -> None:
     the registry adds the data."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
+    from titan_fp4six.dispatch.backend import environment_overrides
     from titan_fp4six.integration.tt03 import compat, cpu
-    from titan_fp4six.ops.gemm import check_environment
 
-    check_environment()
+    environment_overrides()
     expandable_segments_by_default()
     if not torch.cuda.is_available():
         cpu.apply()
