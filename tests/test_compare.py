@@ -169,3 +169,20 @@ def test_tiny_comparison_end_to_end_on_the_cpu(tmp_path):
     # the same command again trains nothing that finished
     again = subprocess.run([*args, "--only", "bf16,4/6"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.stdout.count("done by an earlier invocation") == 4, again.stdout[-2000:]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_bf16.toml")], "lists no four-over-six converter"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--variant", "x=fp8 a=1"],
+     "base 'fp8' is not a variant"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--seeds", "1"],
+     "at least 2"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--debug.seed", "3"],
+     "set by compare"),
+])
+def test_cli_refuses_what_it_cannot_compare_before_training(capsys, args, match):
+    from titan_fp4six.compare.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and match in capsys.readouterr().err

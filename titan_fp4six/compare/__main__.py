@@ -39,7 +39,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--report-only", action="store_true", help="read the logs in --out, train nothing")
     p.add_argument("--no-plot", action="store_true", help="skip compare.png (no matplotlib needed)")
     args, trainer = p.parse_known_args(argv)
-    recipe = load_recipe(args.config)
+    try:
+        recipe = load_recipe(args.config)
+        args.variants = derive(recipe, args.variant, args.only.split(",") if args.only else None)
+    except (OSError, ValueError) as e:  # a recipe or --variant/--only that cannot be compared: say so, no traceback
+        p.error(str(e))
     args.steps = args.steps or recipe.get("training", {}).get("steps")
     if not args.steps or args.steps < 1:
         p.error(f"--steps: give a positive number of steps (the recipe's training.steps is {args.steps})")
@@ -52,13 +56,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--jobs {args.jobs}: must be >= 1")
     if any(a in ("--training.steps", "--debug.seed") for a in trainer):
         p.error("--training.steps / --debug.seed are set by compare: use --steps and --seeds/--seed-start")
-    args.recipe = recipe
     args.out = args.out or Path("outputs/compare") / Path(args.config).stem
     return args, trainer
 
 
 def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
-    variants = derive(args.recipe, args.variant, args.only.split(",") if args.only else None)
+    variants = args.variants
     configs = {}
     for v in variants:
         configs[v.name] = args.out / "variants" / f"{v.slug}.toml"
