@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from titan_fp4six.compare.runs import parse_steps
+from titan_fp4six.compare.runs import parse_steps, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DS = "configs/deepseek_v3_debugmodel"
@@ -80,12 +80,7 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        return stop(proc, grace=20)
 
 
 # --- throughput: tokens/s and peak memory of bf16 vs 4/6 recipes, eager and compiled, as ratios ----------------
@@ -465,7 +460,6 @@ def cmd_table(args, common):
 
 # --- parity: one recipe on 1 and on N processes, same global batch and initial weights -------------------------
 
-_STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
 PARITY_IMPORT = "titan_fp4six.integration.parity"
 
 
@@ -487,7 +481,7 @@ def launch(nproc: int, args: list[str], dump: Path, *, env: dict | None = None, 
 
 def losses(log: str) -> dict[int, float]:
     """step -> global average loss, from torchtitan's step lines."""
-    return {int(step): float(loss) for step, loss in _STEP.findall(log)}
+    return {row["step"]: row["loss"] for row in parse_steps(log)}
 
 
 def seed_checkpoint(args: list[str], dump: Path, **kw) -> Path:

@@ -76,6 +76,16 @@ def command(config: Path, seed: int, steps: int, dump: Path, common: list[str], 
             *common, *overrides]
 
 
+def stop(proc: subprocess.Popen, grace: float) -> int:
+    """Terminate a training, killing it if it has not exited after `grace` seconds; its exit status."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def device_memory_gib() -> float | None:
     """Total memory of GPU 0, or None without CUDA (then runs go one at a time)."""
     import torch
@@ -115,7 +125,9 @@ class Scheduler:
 
     def _read_memory(self, running: list[Job]) -> None:
         for job in running:
-            found = _MEMORY.findall(job.log.read_text(errors="replace")[-4000:])
+            with open(job.log, "rb") as f:  # the newest step lines only: this runs twice a second per run
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4000))
+                found = _MEMORY.findall(f.read().decode(errors="replace"))
             if found:
                 gib = max(map(float, found))
                 self.per_run_gib = max(self.per_run_gib or 0.0, gib)
@@ -153,12 +165,7 @@ class Scheduler:
             for job in list(running):
                 code = job.proc.poll()
                 if code is None and time.monotonic() - job.started > self.timeout:
-                    job.proc.terminate()
-                    try:
-                        code = job.proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        job.proc.kill()
-                        code = job.proc.wait()
+                    code = stop(job.proc, grace=30)
                     with open(job.log, "a") as f:
                         f.write(f"\n[compare] stopped after the --timeout of {self.timeout:.0f} s\n")
                 if code is not None:
