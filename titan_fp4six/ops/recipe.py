@@ -58,12 +58,15 @@ class FourOverSixRecipe:
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
         # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
-        object.__setattr__(self, "_plans", (resolve_plan(self, grouped=False),
-                                            None if self.backward == "quantized" else resolve_plan(self, grouped=True)))
+        object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
+        object.__setattr__(self, "_grouped_plan",
+                           None if self.backward == "quantized" else resolve_plan(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
-        return self._plans[grouped] or resolve_plan(self, grouped)  # a grouped 'quantized' raises there
+        # Two attributes, not a tuple indexed by the bool: torch.compile cannot index a tuple with a bool.
+        plan = self._grouped_plan if grouped else self._dense_plan
+        return plan or resolve_plan(self, grouped)  # a grouped 'quantized' raises there
 
     def resolve(self, grouped: bool) -> "FourOverSixRecipe":
         """This recipe with `backward` resolved for a dense or grouped GEMM (what modules store)."""
