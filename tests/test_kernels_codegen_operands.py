@@ -30,18 +30,18 @@ def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
     return compiled.asm["ptx"]
 
 
-def _quantizer_ptx(kind: int, four_six: bool, transposed: bool) -> str:
+def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False) -> str:
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
     launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
     signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "group_ptr": "*fp32",
                  "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32",
                  "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
-                 "M": "i32"}
+                 "M": "i32", "seed": "i64"}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
                       NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False, GROUPS=False,
-                      BY_GROUP=False, MAP4=int(four_six))
+                      BY_GROUP=False, MAP4=int(four_six), STOCHASTIC=stochastic)
     return _compile(_quantize_kernel, signature, constexprs, launch.warps)
 
 
@@ -66,6 +66,14 @@ def test_columnwise_four_over_six_with_decode():
 @pytest.mark.parametrize("kind, transposed", ((1, False), (0, True)))
 def test_nvfp4_with_decode(kind, transposed):
     ptx = _quantizer_ptx(kind, False, transposed)
+    assert _fmas(ptx) == 0
+    _check_rounding(ptx)
+
+
+@pytest.mark.parametrize("kind, transposed", ((1, False), (0, False), (2, True)))
+def test_nvfp4_stochastic_with_decode(kind, transposed):
+    """Stochastic rounding (Philox bits, an int64 comparison) adds no FMA and no FP64 to the NVFP4 kernel."""
+    ptx = _quantizer_ptx(kind, False, transposed, stochastic=True)
     assert _fmas(ptx) == 0
     _check_rounding(ptx)
 

@@ -19,8 +19,8 @@ import triton.language as tl
 
 from ..numerics.formats import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
 from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
-from .bits import (FLT_MAX, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value, e4m3_bits,
-                   e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
+from .bits import (FLT_MAX, NAN_CODE, SIGN_BIT, clamp_e2m1, clamp_max, div6, e2m1_code, e2m1_magic, e2m1_value,
+                   e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16)
 from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
@@ -522,19 +522,53 @@ def _assert_amax_covers(bamax, amax, ok):
 
 
 @triton.jit
+def _stochastic_e2m1(a, r):
+    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 32 random bits r
+    (uint32), docs/numerics.md section 11: between neighbouring magnitudes lo <= a < hi, up exactly when
+    r < t = (a - lo) * (2^32 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of two);
+    for an integer r that is r < ceil(t), compared in int64 (ceil(t) <= 2^32)."""
+    idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
+           + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32) + (a >= 6.0).to(tl.int32))
+    factor = tl.where(a < 2.0, 8589934592.0, tl.where(a < 4.0, 4294967296.0, 2147483648.0))
+    t = (a - e2m1_value(idx)) * factor
+    t = tl.where(a == a, t, 0.0)
+    up = (r.to(tl.int64) & 0xFFFFFFFF) < tl.math.ceil(t).to(tl.int64)
+    return idx + up.to(tl.int32)
+
+
+@triton.jit
+def _stochastic_codes(xs, ws, inv, seed, first, KIND: tl.constexpr):
+    """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
+    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the random bits tl.randint(seed, first + i) and
+    the sign of x, read off its word (that of q: inv > 0); NaN gets NAN_CODE."""
+    lo = tl.zeros(inv.shape, tl.int32)
+    hi = tl.zeros(inv.shape, tl.int32)
+    for i in tl.static_range(16):
+        a = clamp_max(xs[i] * inv, 6.0)
+        mag = _stochastic_e2m1(a, tl.randint(seed, first + i))
+        sign = (_sign_bit(ws, i, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+        code = tl.where(a == a, mag | sign, NAN_CODE)
+        if i < 8:
+            lo = lo | (code << (4 * i))
+        else:
+            hi = hi | (code << (4 * (i - 8)))
+    return lo, hi
+
+
+@triton.jit
 def _bit_or(a, b):
     """Combine function of a bitwise-or reduction."""
     return a | b
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_div", "n_groups", "CHUNKS", "M"])
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_div", "n_groups", "CHUNKS", "M", "seed"])
 def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words,
-                     amax_div, n_groups, CHUNKS, M, KIND: tl.constexpr, FOUR_SIX: tl.constexpr, TILE16: tl.constexpr,
-                     MSE: tl.constexpr, SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr,
+                     amax_div, n_groups, CHUNKS, M, seed, KIND: tl.constexpr, FOUR_SIX: tl.constexpr,
+                     TILE16: tl.constexpr, MSE: tl.constexpr, SIX_B: tl.constexpr, R6B: tl.constexpr, WRITE_DEC: tl.constexpr,
                      VEC: tl.constexpr, PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr,
                      NB: tl.constexpr, TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
                      CHECK_AMAX: tl.constexpr = False, GROUPS: tl.constexpr = False, BY_GROUP: tl.constexpr = False,
-                     MAP4: tl.constexpr = 1):
+                     MAP4: tl.constexpr = 1, STOCHASTIC: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -566,7 +600,10 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     MAP4 (four-over-six): 1 writes the map-to-4 flags to map4_ptr (bytes), 2 instead adds (map-to-4 blocks,
     blocks) of the rows that are data to a row of the numerics.formats.map4_count_buffer at map4_ptr (one atomic add
     each per program, the programs spread over the buffer's rows: the statistics without a mask or a reduction
-    launch), 0 does neither."""
+    launch), 0 does neither.
+
+    STOCHASTIC (NVFP4 only) rounds the codes stochastically with tl.randint(seed, element index in the
+    quantized matrix), docs/numerics.md section 11; seed is unused otherwise. Its scales are the nearest mode's."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
@@ -681,7 +718,14 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             s = e4m3_round(scaled)
             inv = _inverse_scale(s, s_dec)
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
-            if tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
+            if STOCHASTIC:  # elementwise from the magnitudes, any input: no fast path to leave
+                sf = e4m3_bits(scaled)
+                lo, hi = _stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, KIND)
+                dec = ()
+                if WRITE_DEC:
+                    for j in tl.static_range(8):
+                        dec = dec + (_decode_word(lo, hi, e4m3_value(sf), j), )
+            elif tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
                 lo, hi, unused = _exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
                 dec = ()
@@ -745,6 +789,7 @@ class SpecFlags(NamedTuple):
     r6b: float
     map6_only: bool
     launch: str
+    stochastic: bool
 
 
 @functools.cache
@@ -753,18 +798,21 @@ def spec_flags(spec) -> SpecFlags:
     four_six = spec.candidates != "nvfp4"
     six_b = 6.0 * spec.scale_bound
     return SpecFlags(four_six, spec.block == "16x16", spec.err_mode == "mse", six_b, f32_reciprocal(six_b),
-                     spec.candidates == "6", spec.block if four_six else "nvfp4")
+                     spec.candidates == "6", spec.block if four_six else "nvfp4", spec.rounding == "stochastic")
 
 
 def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: bool = False, groups=None,
-            map4=True):
+            map4=True, seed=None):
     """(codes, scales, map4 mask or None, decode or None) of the (rows, cols) matrix quantized by `spec`: x
     itself, or with `transposed` x^T of a row-major x (M, K) padded with zero rows to a multiple of 16 (rows = K,
     cols = ceil16(M)), read from x in place (1x16 specs only). check_amax: assert the public amax check on the
     device (not with `transposed`). amax and RowGroups `groups` as reference.amax_per_row reads them. map4
     (four-over-six): True returns the map-to-4 mask, False writes none, a formats.map4_count_buffer gets
-    (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts)."""
+    (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts). seed: an int in [0, 2^63) for a
+    spec with stochastic rounding (required there, ignored otherwise)."""
     flags = spec_flags(spec)
+    if flags.stochastic and seed is None:
+        raise ValueError("a spec with rounding='stochastic' needs a seed")
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
@@ -793,10 +841,12 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
         layout = AmaxLayout.of(amax, rows, groups)
         _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, codes, scales, map4_out,
                   scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, layout.n_groups, chunks,
-                  x.shape[0], _INPUT_KIND[x.dtype], flags.four_six, flags.tile16, flags.mse, flags.six_b, flags.r6b,
+                  x.shape[0], seed if flags.stochastic else 0, _INPUT_KIND[x.dtype], flags.four_six, flags.tile16,
+                  flags.mse, flags.six_b, flags.r6b,
                   decode, not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
                   flags.four_six and flags.tile16 and amax.dim() == 0, launch.rows, launch.blocks, transposed,
-                  flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, num_warps=launch.warps,
+                  flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, flags.stochastic,
+                  num_warps=launch.warps,
                   maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
 
@@ -807,12 +857,12 @@ def eligible(x: torch.Tensor) -> bool:
             and x.data_ptr() % 4 == 0)
 
 
-def quantize(x, amax, spec, decode: bool = False, check_amax: bool = False, groups=None, map4=True):
+def quantize(x, amax, spec, decode: bool = False, check_amax: bool = False, groups=None, map4=True, seed=None):
     """(codes, scales, map4 mask or None, bf16 block-scaled decode or None) of a validated x quantized by `spec`
     in one read of x; bitwise equal to the reference of the amax per row (reference.amax_per_row of amax and
     RowGroups `groups`). check_amax: the public amax check as device asserts, in the same read of x; map4 as
-    _launch takes it."""
-    return _launch(x, amax, spec, decode, check_amax=check_amax, groups=groups, map4=map4)
+    _launch takes it; seed for a stochastic spec."""
+    return _launch(x, amax, spec, decode, check_amax=check_amax, groups=groups, map4=map4, seed=seed)
 
 
 def eligible_columnwise(x: torch.Tensor) -> bool:
@@ -820,10 +870,10 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
     return x.is_cuda and x.stride(1) == 1
 
 
-def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True):
+def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True, seed=None):
     """x^T of a row-major x (M, K) quantized by a 1x16 `spec` with a per-tensor amax, read in place: x^T padded
     with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
     materializing it. Arguments checked by the caller (the dispatch layer): amax FP32 of shape () on x's device,
     x eligible_columnwise. Returns (codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn (K, ceil16(M) / 16),
     map4 mask or None, bf16 decode (K, ceil16(M)) or None)."""
-    return _launch(x, amax, spec, decode, transposed=True, map4=map4)
+    return _launch(x, amax, spec, decode, transposed=True, map4=map4, seed=seed)

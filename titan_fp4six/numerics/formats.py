@@ -49,6 +49,28 @@ def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
     return mag | (torch.signbit(q).to(torch.uint8) << 3)
 
 
+_E2M1_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the positive E2M1 magnitudes, codes 1..7
+
+
+def e2m1_encode_stochastic(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """FP32 values already clamped to [-6, 6] and 32 random bits each (int64 in [0, 2^32)) -> unpacked E2M1 codes,
+    rounded stochastically (docs/numerics.md, section 11): a = |q| between neighbouring magnitudes lo <= a < hi
+    goes up exactly when r < t, t = (a - lo) * (2^32 / (hi - lo)), an exact FP32 value (a - lo is exact by
+    Sterbenz's lemma, the factor a power of two); r < t <=> r < ceil(t) for an integer r. a = 6 stays 6. Sign as
+    e2m1_encode; a NaN q gets NAN_CODE."""
+    a = q.abs()
+    idx = torch.zeros(q.shape, dtype=torch.int64, device=q.device)
+    for g in _E2M1_GRID:
+        idx += a >= g
+    lo = e2m1_decode(idx.to(torch.uint8))
+    factor = torch.where(a < 2.0, 2.0 ** 33, torch.where(a < 4.0, 2.0 ** 32, 2.0 ** 31))
+    t = (a - lo) * factor
+    nan = torch.isnan(q)
+    up = bits < torch.ceil(torch.where(nan, 0.0, t)).to(torch.int64)
+    mag = torch.where(nan, NAN_CODE, (idx + up.to(torch.int64)).to(torch.uint8))
+    return mag | (torch.signbit(q).to(torch.uint8) << 3) * (~nan).to(torch.uint8)
+
+
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     """Unpacked E2M1 codes -> FP32 values (0x8 -> -0.0), built from bits (no table copied to the device):
     magnitudes 2..7 are 1, 1.5, 2, 3, 4, 6, whose FP32 bits are (m + 252) << 22; then 0.5 and 0."""

@@ -11,7 +11,9 @@ from typing import NamedTuple
 import torch
 
 from .formats import (BLOCK_SIZE, DECODE_BIG_AMAX, DECODE_RESCALE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND,
-                      e2m1_decode, e2m1_encode, e4m3_round, fp32_const, pack_codes, unpack_codes)
+                      e2m1_decode, e2m1_encode, e2m1_encode_stochastic, e4m3_round, fp32_const, pack_codes,
+                      unpack_codes)
+from .philox import philox_randint
 
 # Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
 _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
@@ -42,10 +44,14 @@ def _block_amax(xb: torch.Tensor, block: str) -> torch.Tensor:
     return tile.repeat_interleave(BLOCK_SIZE, dim=0)
 
 
-def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
-    """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4)."""
+def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+    """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4); with a seed rounded
+    stochastically (spec section 11), element (r, c) of the (R, C) input with the Philox bits of offset r*C + c."""
     inv = torch.clamp(_f32(1.0, xb) / (sf.float() * s_dec), max=FLT_MAX)
     q = torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX)
+    if seed is not None:
+        offsets = torch.arange(q.numel(), dtype=torch.int64, device=q.device).view(q.shape)
+        return e2m1_encode_stochastic(q, philox_randint(seed, offsets))
     # A NaN's sign bit depends on the device's arithmetic (x86 and CUDA differ), so NaN gets one canonical
     # code; its block scale is NaN (bamax or amax is NaN), so the block still decodes to NaN.
     return torch.where(torch.isnan(q), NAN_CODE, e2m1_encode(q))
@@ -103,8 +109,10 @@ def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err
     return pack_codes(codes), scales, map4
 
 
-def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor):
-    """Standard NVFP4 (B=448, 1x16, one candidate) of a validated 2-D x. Returns (packed codes, scales)."""
+def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor, seed: int | None = None):
+    """Standard NVFP4 (B=448, 1x16, one candidate) of a validated 2-D x. Returns (packed codes, scales).
+    seed (an int in [0, 2^63)): the codes round stochastically (spec section 11) with the Philox bits of
+    (seed, row-major element index); the scales are the same as without."""
     rows, cols = x.shape
     xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)
     amax_r = _per_row(amax)
@@ -112,7 +120,7 @@ def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor):
     s_dec = _f32(1.0, x) / s_enc
     mult = s_enc * (_f32(1.0, x) / _f32(E2M1_MAX, x))
     sf = e4m3_round(torch.clamp(_block_amax(xb, "1x16") * mult, max=FLT_MAX))
-    return pack_codes(_encode(xb, sf, s_dec).view(rows, cols)), sf
+    return pack_codes(_encode(xb, sf, s_dec, seed).view(rows, cols)), sf
 
 
 def tensor_amax_reference(x: torch.Tensor) -> torch.Tensor:

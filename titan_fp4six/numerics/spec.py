@@ -15,7 +15,10 @@ candidate, its own scale arithmetic; scale_bound 448, 1x16 blocks)."""
 SCALINGS = ("tensor", "row", "group")
 """Where an operand's global amax comes from: the whole tensor (an expert's, for expert weights), each row
 (token), or each token group of a grouped GEMM."""
-ROUNDINGS = ("nearest",)
+ROUNDINGS = ("nearest", "stochastic")
+"""How the E2M1 element codes round: 'nearest' (ties to even, docs/numerics.md section 2) or 'stochastic'
+(section 11: unbiased, from Philox bits of a per-call seed; standard NVFP4 gradient operands only). The E4M3
+block scales always round to nearest."""
 TRANSFORMS = ("none",)
 
 
@@ -37,6 +40,9 @@ class OperandSpec:
         if self.candidates == "nvfp4" and (self.scale_bound != STANDARD_BOUND or self.block != "1x16"):
             raise ValueError(f"OperandSpec.candidates='nvfp4' is standard NVFP4: scale_bound={STANDARD_BOUND}, "
                              f"block='1x16'; got scale_bound={self.scale_bound}, block={self.block!r}")
+        if self.rounding == "stochastic" and self.candidates != "nvfp4":
+            raise ValueError(f"OperandSpec.rounding='stochastic' is defined for OperandSpec.candidates='nvfp4' only "
+                             f"(the quantized backward's gradient operand); got candidates={self.candidates!r}")
 
     @property
     def choose(self) -> bool:
@@ -49,6 +55,9 @@ _VALID = {"candidates": CANDIDATES, "block": BLOCKS, "scaling": SCALINGS, "scale
 
 NVFP4 = OperandSpec(candidates="nvfp4", scale_bound=STANDARD_BOUND)
 """Standard NVFP4 (the quantized backward's gradient operand)."""
+NVFP4_STOCHASTIC = OperandSpec(candidates="nvfp4", scale_bound=STANDARD_BOUND, rounding="stochastic")
+"""Standard NVFP4 with stochastically rounded codes (gradient_rounding='stochastic'); quantizing by it takes a
+seed."""
 
 
 @functools.cache
