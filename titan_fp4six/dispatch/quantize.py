@@ -16,7 +16,8 @@ from .backend import kernels_for
 
 
 def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str, decode: bool,
-                 check_amax: bool = False, groups: RowGroups | None = None, map4: bool | torch.Tensor = True):
+                 check_amax: bool = False, groups: RowGroups | None = None, map4: bool | torch.Tensor = True,
+                 seed: int | None = None):
     """(codes, scales, map4 mask or None, bf16 block-scaled decode or None) of a validated 2-D x quantized by
     `spec` (`quantizer` resolved by backend.resolve_backends).
 
@@ -24,15 +25,18 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     With decode the kernel writes the decode in the same pass over x (what the emulated GEMMs consume);
     check_amax runs the public amax check (the kernel asserts it in its own read of x). map4 (four-over-six
     specs): True returns the map-to-4 mask, False none, a formats.map4_count_buffer gets the counts added
-    instead (the kernel counts in its own pass: no mask, no reduction launch)."""
+    instead (the kernel counts in its own pass: no mask, no reduction launch). seed: the Philox seed of a spec
+    with rounding='stochastic' (an int in [0, 2^63), required there; docs/numerics.md section 11)."""
+    if spec.rounding == "stochastic" and seed is None:
+        raise ValueError("a spec with rounding='stochastic' needs a seed")
     kernels = kernels_for(x, quantizer, "quantize")
     if check_amax and (kernels is None or not x.numel()):  # the kernel checks in its read of x; none launches if empty
         check_amax_covers(x, amax)
     if kernels is not None:
-        return kernels.quantize(x, amax, spec, decode, check_amax, groups, map4)
+        return kernels.quantize(x, amax, spec, decode, check_amax, groups, map4, seed=seed)
     amax_rows = reference.amax_per_row(amax, x.shape[0], groups)
     if spec.candidates == "nvfp4":
-        codes, scales = reference.nvfp4_reference(x, amax_rows)
+        codes, scales = reference.nvfp4_reference(x, amax_rows, seed if spec.rounding == "stochastic" else None)
         mask = None
     else:
         codes, scales, mask = reference.four_over_six_reference(x, amax_rows, spec.block, spec.err_mode,
@@ -51,15 +55,15 @@ def padded_transpose(x: torch.Tensor) -> torch.Tensor:
 
 
 def run_quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str, decode: bool,
-                            map4: bool = True):
+                            map4: bool = True, seed: int | None = None):
     """x^T for a 2-D x (M, K) with a per-tensor amax quantized by a 1x16 `spec`, blocked along M: as run_quantize,
     of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes the zero-padded transpose
-    (same bytes)."""
+    (same bytes); a stochastic spec's random bits follow the element index in x^T as quantized (K, ceil16(M))."""
     if amax.dim() == 0:
         kernels = kernels_for(x, quantizer, "quantize", check="eligible_columnwise")
         if kernels is not None:
-            return kernels.quantize_columnwise(x, amax, spec, decode, map4)
-    return run_quantize(padded_transpose(x), amax, spec, quantizer, decode, map4=map4)
+            return kernels.quantize_columnwise(x, amax, spec, decode, map4, seed=seed)
+    return run_quantize(padded_transpose(x), amax, spec, quantizer, decode, map4=map4, seed=seed)
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str,

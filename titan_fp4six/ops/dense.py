@@ -18,6 +18,7 @@ from .checks import check_dense, check_linear_weight
 from .gemm import gemm_nt
 from .operands import Operand, quantize_columnwise, quantize_operand, transposed_tiles
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
+from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
@@ -85,8 +86,10 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy by p.dy with its own
     per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax. Columnwise operands are blocked
     along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing); a 16x16 W^T
-    is the forward's tiles transposed."""
+    is the forward's tiles transposed. A stochastically rounded dy (p.dy.rounding) takes one seed from
+    GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
+    stochastic = p.dy.rounding == "stochastic"
     dy_amax = run_tensor_amax(dy, b.quantizer)
     dx = dw = dy.new_empty(0)
     if need_dx:
@@ -94,10 +97,11 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
             w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b)
         else:
             w_col = quantize_columnwise(weight, w_amax, p.w_t, b)
-        dx = gemm_nt(quantize_operand(dy, dy_amax, p.dy, b), dy_amax, p.dy.scale_bound, w_col, w_amax,
+        seed = GRADIENT_ROUNDING.next() if stochastic else None
+        dx = gemm_nt(quantize_operand(dy, dy_amax, p.dy, b, seed=seed), dy_amax, p.dy.scale_bound, w_col, w_amax,
                      p.w_t.scale_bound, x_dtype, b)
     if need_dw:
-        dy_col = quantize_columnwise(dy, dy_amax, p.dy, b)
+        dy_col = quantize_columnwise(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.next() if stochastic else None)
         x_col = quantize_columnwise(x, x_amax, p.x_t, b)
         dw = gemm_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, w_dtype, b)
     return dx, dw

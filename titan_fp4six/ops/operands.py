@@ -34,21 +34,22 @@ class Operand:
 
 
 def quantize_operand(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
-                     groups: RowGroups | None = None, counted: bool = False) -> Operand:
+                     groups: RowGroups | None = None, counted: bool = False, seed: int | None = None) -> Operand:
     """x quantized by `spec`, fused with the bf16 decode when the emulated GEMM will need it; each row's amax by
     reference.amax_per_row(amax, rows, groups). counted (the forward's operands): while MAP4_STATS is enabled the
-    quantizer adds its map-to-4 counts to it."""
+    quantizer adds its map-to-4 counts to it. seed: the Philox seed of a stochastically rounded spec."""
     map4 = MAP4_STATS.counts(x.device) if counted else False
     codes, scales, _, decoded = run_quantize(x.contiguous(), amax, spec, backends.quantizer, not backends.fp4,
-                                             groups=groups, map4=map4)
+                                             groups=groups, map4=map4, seed=seed)
     return Operand(codes, scales, decoded)
 
 
-def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends) -> Operand:
+def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
+                        seed: int | None = None) -> Operand:
     """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K) and a per-tensor amax, 1x16 blocks along M (the
     quantized backward's columnwise operands), read from x in place on CUDA."""
     codes, scales, _, decoded = run_quantize_columnwise(x, amax, spec, backends.quantizer, not backends.fp4,
-                                                        map4=False)
+                                                        map4=False, seed=seed)
     return Operand(codes, scales, decoded)
 
 

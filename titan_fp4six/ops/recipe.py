@@ -11,11 +11,12 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 
 from ..dispatch.backend import GEMMS, QUANTIZERS
-from ..numerics.spec import NVFP4, OperandSpec
+from ..numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
 from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
 
 ACTIVATION_SCALINGS = ("tensor", "row")
 BACKWARDS = ("auto", "quantized", "high_precision", "dequantized")
+GRADIENT_ROUNDINGS = ("nearest", "stochastic")
 SCOPES = ("all", "weights", "activations", "none")
 
 
@@ -38,6 +39,10 @@ class FourOverSixRecipe:
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
                           "row-scaled activations and routed experts).")
+    gradient_rounding: str = _knob("nearest", GRADIENT_ROUNDINGS, "E2M1 rounding of the quantized backward's "
+                                   "gradient operand dy: 'nearest' or 'stochastic' (unbiased, Philox bits seeded "
+                                   "from the run's seed and step; needs backward 'quantized' or 'auto' resolving "
+                                   "to it).")
     scope: str = _knob("all", SCOPES, "Operands that choose between the two candidates: 'all', 'weights', "
                        "'activations' or 'none' (the others keep the map-to-6 candidate; 'none' with "
                        "scale_bound=448 is plain NVFP4, docs/numerics.md).")
@@ -55,18 +60,27 @@ class FourOverSixRecipe:
             raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with "
                              "FourOverSixRecipe.activation_scaling='row' (per-row scales do not transpose); use "
                              "backward='high_precision' or 'dequantized', or activation_scaling='tensor'")
+        if self.gradient_rounding == "stochastic" and self.backward in ("high_precision", "dequantized"):
+            raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
+                             f"gradient, but FourOverSixRecipe.backward={self.backward!r} quantizes none; use "
+                             f"backward='quantized' or 'auto', or gradient_rounding='nearest'")
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
         # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
-        object.__setattr__(self, "_grouped_plan",
-                           None if self.backward == "quantized" else resolve_plan(self, grouped=True))
+        object.__setattr__(self, "_grouped_plan", None if self.backward == "quantized" or self.stochastic
+                           else resolve_plan(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
         # Two attributes, not a tuple indexed by the bool: torch.compile cannot index a tuple with a bool.
         plan = self._grouped_plan if grouped else self._dense_plan
-        return plan or resolve_plan(self, grouped)  # a grouped 'quantized' raises there
+        return plan or resolve_plan(self, grouped)  # a grouped 'quantized' or 'stochastic' raises there
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the quantized backward rounds its gradient operand stochastically."""
+        return self.gradient_rounding == "stochastic"
 
     def resolve(self, grouped: bool) -> "FourOverSixRecipe":
         """This recipe with `backward` resolved for a dense or grouped GEMM (what modules store)."""
@@ -97,7 +111,8 @@ class GemmPlan:
 
 
 def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
-    """The one place that reads `scope`, `weight_block`, `activation_scaling` and `backward`: the spec of every
+    """The one place that reads `scope`, `weight_block`, `activation_scaling`, `backward` and
+    `gradient_rounding` (the dy spec's rounding; an error where the backward quantizes no gradient): the spec of every
     operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
     high_precision for row-scaled activations and routed experts)."""
     if grouped and recipe.backward == "quantized":
@@ -107,6 +122,12 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     backward = recipe.backward
     if backward == "auto":
         backward = "high_precision" if grouped or row else "quantized"
+    if recipe.stochastic and backward != "quantized":
+        raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
+                         f"gradient, but FourOverSixRecipe.backward={recipe.backward!r} resolves to {backward!r} "
+                         f"for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'}, which quantizes "
+                         f"no gradient; use gradient_rounding='nearest' there (backward='quantized' needs dense "
+                         f"GEMMs with activation_scaling='tensor')")
 
     def spec(choose: bool, block: str, scaling: str) -> OperandSpec:
         return OperandSpec("4/6" if choose else "6", block, scaling, recipe.scale_bound, recipe.err_mode)
@@ -115,7 +136,8 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
     quantized = backward == "quantized"
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
-    return GemmPlan(key, backward, x, w, NVFP4 if quantized else None, x if quantized else None,
+    dy = (NVFP4_STOCHASTIC if recipe.stochastic else NVFP4) if quantized else None
+    return GemmPlan(key, backward, x, w, dy, x if quantized else None,
                     w if quantized else None, recipe.quantizer, recipe.gemm)
 
 
