@@ -127,6 +127,7 @@ def main() -> None:
     from torchtitan.train import main as torchtitan_main
 
     from titan_fp4six.integration.checks import check_finite, nonfinite_allowed
+    from titan_fp4six.integration import rounding
 
     class CheckedTrainer(Trainer):
         """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError) or
@@ -143,6 +144,7 @@ def main() -> None:
             return loss
 
         def train_step(self, data_iterator):
+            rounding.start_step(self.job_config, self.step)  # exact after a resume too
             self.step_losses.clear()
             self.grad_norms.clear()
             with _recording(dist_utils, "clip_grad_norm_", self.grad_norms):

@@ -17,7 +17,7 @@ from torchtitan.tools.logging import logger
 from ..modules.experts import convert_experts
 from ..modules.linear import FourOverSixLinear
 from ..modules.weight_cache import invalidate_weight_caches
-from . import fidelity, metrics, rules
+from . import fidelity, metrics, rounding, rules
 from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
 from .rules import check_context, check_implementations
@@ -114,6 +114,7 @@ class _Converter(QuantizationConverter):
         self.cfg, self.recipe = validate_job_config(job_config, self.kind)
         super().__init__(job_config, parallel_dims)  # torchtitan's one-quantization-family check
         metrics.install()
+        rounding.start_step(job_config, 1)  # then set at the end of every step (metrics) and by the launcher
         run_backward_on_calling_thread()  # torchtitan builds converters on the thread that trains
         hint_without_expandable_segments()
 

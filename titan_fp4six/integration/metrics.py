@@ -29,7 +29,7 @@ from torchtitan.tools.logging import logger
 from ..dispatch.backend import fp4_available
 from ..ops.recipe import FourOverSixRecipe
 from ..ops.stats import MAP4_STATS
-from . import fidelity
+from . import fidelity, rounding
 
 MAP4_METRIC = "four_over_six/map4_fraction"
 
@@ -160,6 +160,7 @@ def install() -> None:
         # torchtitan asks at the end of every step: count map-to-4 blocks only during the steps that will be logged
         # (the counting costs a reduction launch per quantized operand; the steps in between need none)
         MAP4_STATS.enabled = original_should_log(self, step + 1)
+        rounding.start_step(getattr(self, "job_config", None), step + 1)  # the next step's gradient rounding seeds
         fidelity.step_end(self, step)
         return original_should_log(self, step)
 

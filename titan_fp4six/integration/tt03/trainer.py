@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from torchtitan.trainer import Trainer
 
 from ...modules.weight_cache import invalidate_weight_caches
-from .. import rules
+from .. import rounding, rules
 from . import cpu
 from ..sections import FAMILY
 from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
@@ -96,6 +96,7 @@ class FourOverSixTrainer(Trainer):
             spec.model = cfg.build().convert(spec.model)
         super().__init__(config)
         self.metrics_processor.job_config = config  # the MFU peak's compute dtype (metrics.compute_dtype)
+        rounding.start_step(config, 1)  # gradient rounding seeds; metrics sets them at the end of every step
         if any(cfg.cache_weights for name, cfg in sections(config).items() if name in config.model.converters):
             self.optimizers.register_step_post_hook(
                 lambda *_: [invalidate_weight_caches(part) for part in self.model_parts])
