@@ -1,0 +1,362 @@
+"""Stochastic rounding of the quantized backward's gradient operand (gradient_rounding = "stochastic",
+docs/numerics.md section 11): Philox bits equal to Triton's, the rounding rule and its unbiasedness, kernel ==
+reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without CUDA), nearest mode unchanged,
+the dense op's reproducibility and the recipe / config checks."""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from titan_fp4six.dispatch import nvfp4_dequantize, tensor_amax
+from titan_fp4six.numerics import reference
+from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic, unpack_codes
+from titan_fp4six.numerics.philox import philox_randint
+from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
+from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_mm, quantize_linear_weight,
+                              set_rounding_seed)
+from titan_fp4six.ops.recipe import KNOBS
+from titan_fp4six.ops.rounding import derive_seed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+# ---- Philox and the kernel under Triton's interpreter --------------------------------------------------------------
+
+def test_interpreted_philox_and_kernel_match_reference():
+    """numerics.philox == tl.randint for seeds and offsets up to 2^63 - 1, and the Triton quantizer's stochastic
+    NVFP4 (rows, columnwise, with and without the decode; zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero
+    amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
+    TRITON_INTERPRET is read when the kernels are defined)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.interp_stochastic"], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("configs")]
+    assert proc.returncode == 0 and summary, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert int(summary[0].split()[1]) >= 30
+
+
+def test_philox_known_values_and_range():
+    """Pinned outputs (tl.randint's, checked under the interpreter above) and uint32 range for large offsets."""
+    offsets = torch.tensor([0, 1, 2], dtype=torch.int64)
+    assert philox_randint(0, offsets).tolist() == [1713891541, 4175744164, 83534633]
+    assert philox_randint(42, offsets).tolist() == [2632642643, 4242219303, 3547071013]
+    big = philox_randint(2 ** 63 - 1, torch.arange(2 ** 40, 2 ** 40 + 4096))
+    assert big.dtype == torch.int64 and int(big.min()) >= 0 and int(big.max()) < 2 ** 32
+    with pytest.raises(ValueError, match="seed"):
+        philox_randint(-1, offsets)
+
+
+# ---- the rounding rule -------------------------------------------------------------------------------------------
+
+def _neighbours(a: torch.Tensor):
+    """(lo, hi) grid magnitudes around a in [0, 6]: lo <= a < hi, or (6, 6) at 6."""
+    grid = torch.tensor(GRID)
+    idx = (a[:, None] >= grid[None, 1:]).sum(dim=1)
+    return grid[idx], grid[torch.clamp(idx + 1, max=7)]
+
+
+def _interval_values():
+    """Magnitudes in every interval: its ends, points one FP32 ulp inside them, quarter points, and subnormals."""
+    vals = []
+    for lo, hi in zip(GRID[:-1], GRID[1:]):
+        lo_t, hi_t = torch.tensor(lo), torch.tensor(hi)
+        vals += [lo, torch.nextafter(lo_t, hi_t).item(), lo + (hi - lo) / 4, (lo + hi) / 2, lo + 3 * (hi - lo) / 4,
+                 torch.nextafter(hi_t, lo_t).item()]
+    return torch.tensor(vals + [6.0, 1e-40, 2.0 ** -126, 2.0 ** -33, 0.3, 5.999], dtype=torch.float32)
+
+
+def test_rule_goes_up_exactly_when_bits_are_below_the_threshold():
+    """up <=> r < ceil(t), t = (a - lo) * 2^32 / (hi - lo): checked at r = ceil(t) - 1 and r = ceil(t); grid points
+    (t = 0) never move; the sign is q's and NaN takes the canonical code."""
+    a = _interval_values()
+    lo, hi = _neighbours(a)
+    step = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    t = ((a.double() - lo.double()) / step.double()) * 2.0 ** 32
+    ceil_t = torch.ceil(t).to(torch.int64)
+    for sign in (1.0, -1.0):
+        q = a * sign
+        down = e2m1_encode_stochastic(q, torch.clamp(ceil_t, max=2 ** 32 - 1))
+        got_down = e2m1_decode(down)
+        on_grid = ceil_t == 0
+        assert torch.equal(got_down.abs(), torch.where(ceil_t >= 2 ** 32, hi, lo)), "r = ceil(t) must round down"
+        up = e2m1_encode_stochastic(q, torch.clamp(ceil_t - 1, min=0))
+        assert torch.equal(e2m1_decode(up).abs(), torch.where(on_grid, lo, hi)), "r = ceil(t) - 1 must round up"
+        assert torch.equal(torch.signbit(e2m1_decode(up)), torch.signbit(q))
+    nan = e2m1_encode_stochastic(torch.tensor([float("nan"), -float("nan")]), torch.tensor([0, 2 ** 32 - 1]))
+    assert nan.tolist() == [3, 3]
+    assert e2m1_encode_stochastic(torch.tensor([-0.0]), torch.tensor([0])).item() == 0x8
+
+
+def test_codes_are_always_a_neighbour_of_q():
+    g = torch.Generator().manual_seed(0)
+    q = torch.clamp(torch.randn(1 << 14, generator=g) * 3, -6, 6)
+    codes = e2m1_encode_stochastic(q, philox_randint(7, torch.arange(q.numel())))
+    lo, hi = _neighbours(q.abs())
+    v = e2m1_decode(codes).abs()
+    assert bool(((v == lo) | (v == hi)).all())
+    nearest = e2m1_decode(e2m1_encode(q)).abs()
+    assert bool(((nearest == lo) | (nearest == hi)).all())  # nearest picks one of the same two
+
+
+def test_rule_is_unbiased_per_interval():
+    """For each value (every interval, its edges, one ulp inside them), 8192 independent draws (distinct Philox
+    offsets): the number of round-ups k satisfies |k - n p| <= 5 sqrt(n p (1 - p)) + 1, p = (a - lo) / (hi - lo)
+    the exact probability (the rule's ceil(t) / 2^32 differs from p by < 2^-32); so the mean decoded value is a
+    within 5 binomial standard deviations (+ one draw)."""
+    a = _interval_values()
+    n = 8192
+    q = a[:, None].expand(-1, n).contiguous()
+    bits = philox_randint(123, torch.arange(q.numel()).view(q.shape))
+    v = e2m1_decode(e2m1_encode_stochastic(q, bits)).double()
+    lo, hi = _neighbours(a)
+    step = torch.where(hi > lo, hi - lo, torch.ones_like(hi)).double()
+    p = (a.double() - lo.double()) / step
+    ups = (v > lo.double()[:, None]).sum(dim=1).double()
+    bound = 5 * torch.sqrt(n * p * (1 - p)) + 1
+    assert bool(((ups - n * p).abs() <= bound).all()), (a[(ups - n * p).abs() > bound], ups, n * p)
+    mean = v.mean(dim=1)
+    assert bool(((mean - a.double()).abs() <= step * bound / n).all())
+
+
+def test_reference_quantizer_is_unbiased_and_keeps_the_scales():
+    """nvfp4_reference with a seed: the E4M3 scales are the nearest mode's, bitwise; with amax = 6 * 448
+    (S_enc = 1) and blocks whose max is 6 * 2^k (exact scales 2^k), the dequantized mean over 4096 rows of the
+    same values (distinct offsets) is x within 5 binomial standard deviations (+ 2^-20 relative for the decode's
+    rounded constant)."""
+    g = torch.Generator().manual_seed(1)
+    k = torch.randint(-3, 4, (8, 1), generator=g).float()
+    blocks = torch.rand(8, 16, generator=g) * 6
+    blocks[:, 0] = 6.0
+    blocks[:, 1:8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # the nearest rule's ties
+    row = (blocks * torch.exp2(k) * torch.where(torch.rand(8, 16, generator=g) < 0.5, -1.0, 1.0)).view(1, -1)
+    n = 4096
+    x = row.expand(n, -1).contiguous()
+    amax = torch.tensor(6.0 * 448)
+    codes, scales = reference.nvfp4_reference(x, amax, seed=99)
+    near_codes, near_scales = reference.nvfp4_reference(x, amax)
+    assert torch.equal(scales.view(torch.uint8), near_scales.view(torch.uint8))
+    assert not torch.equal(codes, near_codes)
+    deq = nvfp4_dequantize(codes, scales, amax, scale_bound=448).double()
+    scale = torch.exp2(k).repeat_interleave(16).double()
+    step = torch.where(row.abs()[0] / scale.float() < 2, 0.5, torch.where(row.abs()[0] / scale.float() < 4, 1.0,
+                                                                           2.0)).double() * scale
+    assert bool((deq.mean(0) - row[0].double()).abs().le(5 * step * 0.5 / math.sqrt(n) + 2 ** -20 * 6 * scale).all())
+
+
+# ---- the nearest mode is unchanged -------------------------------------------------------------------------------
+
+def test_nearest_is_the_default_and_unchanged():
+    """gradient_rounding='nearest' (the default) resolves dy to the plain NVFP4 spec, so every existing test of
+    round-to-nearest covers it; the reference without a seed ignores nothing and a seed changes stochastic codes."""
+    assert FourOverSixRecipe().gradient_rounding == "nearest"
+    assert FourOverSixRecipe().plan(False).dy is NVFP4 and NVFP4.rounding == "nearest"
+    assert FourOverSixRecipe(gradient_rounding="stochastic").plan(False).dy is NVFP4_STOCHASTIC
+    x = torch.randn(4, 64)
+    a = tensor_amax(x)
+    c0, _ = reference.nvfp4_reference(x, a, seed=1)
+    c1, _ = reference.nvfp4_reference(x, a, seed=2)
+    assert not torch.equal(c0, c1)
+
+
+# ---- the dense op --------------------------------------------------------------------------------------------------
+
+def _grads(x, w, dy, recipe, seed, step=1):
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    set_rounding_seed(seed, step)
+    four_over_six_mm(x, w, recipe=recipe).backward(dy)
+    return x.grad, w.grad
+
+
+def _dense_operands(device="cpu"):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 64, generator=g).to(device, torch.bfloat16)
+    w = (torch.randn(48, 64, generator=g) * 0.1).to(device, torch.bfloat16)
+    dy = torch.randn(40, 48, generator=g).to(device, torch.bfloat16)
+    return x, w, dy
+
+
+def test_dense_stochastic_backward_is_reproducible_and_seeded():
+    x, w, dy = _dense_operands()
+    r = FourOverSixRecipe(gradient_rounding="stochastic")
+    dx1, dw1 = _grads(x, w, dy, r, 5)
+    assert GRADIENT_ROUNDING.calls == 2  # one seed for dgrad's dy, one for wgrad's dy^T
+    dx2, dw2 = _grads(x, w, dy, r, 5)
+    assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)
+    dx3, dw3 = _grads(x, w, dy, r, 6)
+    assert not torch.equal(dw1, dw3) and not torch.equal(dx1, dx3)
+    dx4, dw4 = _grads(x, w, dy, r, 5, step=2)
+    assert not torch.equal(dw1, dw4)
+    dxn, dwn = _grads(x, w, dy, FourOverSixRecipe(), 5)
+    dxn2, dwn2 = _grads(x, w, dy, FourOverSixRecipe(gradient_rounding="nearest"), 6)
+    assert torch.equal(dxn, dxn2) and torch.equal(dwn, dwn2)  # nearest reads no seed
+
+
+def test_dense_stochastic_dgrad_mean_approaches_the_exact_product():
+    """The mean of dX over 32 seeds against dy @ Q(W) (the weight's quantization is deterministic): much closer
+    than the round-to-nearest dX (loose: half its error)."""
+    x, w, dy = _dense_operands()
+    r = FourOverSixRecipe(gradient_rounding="stochastic")
+    qw = quantize_linear_weight(w, recipe=r)
+    wq = nvfp4_dequantize(qw.codes, qw.scales, qw.amax, scale_bound=r.scale_bound).double()
+    exact = dy.double() @ wq
+    mean = torch.stack([_grads(x, w, dy, r, s)[0].double() for s in range(32)]).mean(0)
+    nearest = _grads(x, w, dy, FourOverSixRecipe(), 0)[0].double()
+    err_mean = (mean - exact).norm() / exact.norm()
+    err_nearest = (nearest - exact).norm() / exact.norm()
+    assert err_mean < 0.5 * err_nearest, (err_mean, err_nearest)
+
+
+def test_seeds_derive_from_seed_step_rank_and_call():
+    seeds = {derive_seed(s, step, rank, call) for s in (0, 1) for step in (1, 2) for rank in (0, 1) for call in (0, 1)}
+    assert len(seeds) == 16 and all(0 <= s < 2 ** 63 for s in seeds)
+    set_rounding_seed(3, 4, 1)
+    first = [GRADIENT_ROUNDING.next() for _ in range(3)]
+    set_rounding_seed(3, 4, 1)
+    assert [GRADIENT_ROUNDING.next() for _ in range(3)] == first == [derive_seed(3, 4, 1, c) for c in range(3)]
+
+
+# ---- spec, recipe and config checks --------------------------------------------------------------------------------
+
+def test_stochastic_spec_needs_nvfp4_candidates_and_a_seed():
+    with pytest.raises(ValueError, match=r"OperandSpec.rounding='stochastic'.*candidates='4/6'"):
+        OperandSpec(candidates="4/6", rounding="stochastic")
+    with pytest.raises(ValueError, match="OperandSpec.rounding='dither' is not supported"):
+        OperandSpec(rounding="dither")
+    from titan_fp4six.dispatch.quantize import run_quantize
+    with pytest.raises(ValueError, match="needs a seed"):
+        run_quantize(torch.randn(2, 16), torch.tensor(3.0), NVFP4_STOCHASTIC, "reference", False)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(backward="high_precision"), r"gradient_rounding='stochastic'.*backward='high_precision' quantizes none"),
+    (dict(backward="dequantized"), r"gradient_rounding='stochastic'.*backward='dequantized' quantizes none"),
+    (dict(activation_scaling="row"), r"gradient_rounding='stochastic'.*backward='auto' resolves to "
+                                     r"'high_precision' for row-scaled"),
+])
+def test_recipe_rejects_stochastic_without_a_quantized_gradient(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FourOverSixRecipe(gradient_rounding="stochastic", **kwargs)
+
+
+def test_recipe_stochastic_grouped_gemms_are_an_error_at_plan_resolution():
+    recipe = FourOverSixRecipe(gradient_rounding="stochastic")  # auto: quantized for dense GEMMs
+    assert recipe.resolve(grouped=False).backward == "quantized"
+    with pytest.raises(ValueError, match=r"backward='auto' resolves to 'high_precision' for grouped"):
+        recipe.plan(grouped=True)
+    with pytest.raises(ValueError, match="gradient_rounding='random' is not supported"):
+        FourOverSixRecipe(gradient_rounding="random")
+    assert "gradient_rounding" in [f.name for f in KNOBS]
+
+
+LIN = "quantize.linear.four_over_six"
+GMM = "quantize.grouped_mm.four_over_six"
+
+
+@pytest.mark.parametrize("args, match", [
+    ([f"--{LIN}.gradient_rounding", "random"], rf"\[{LIN}\] {LIN}.gradient_rounding='random' is not supported"),
+    ([f"--{LIN}.gradient_rounding", "stochastic", f"--{LIN}.backward", "high_precision"],
+     rf"\[{LIN}\] {LIN}.gradient_rounding='stochastic' .* {LIN}.backward='high_precision'"),
+    ([f"--{GMM}.gradient_rounding", "stochastic"], rf"\[{GMM}\] {GMM}.gradient_rounding='stochastic' .* grouped"),
+])
+def test_config_knob_errors_stop_the_config_load(args, match, capsys):
+    pytest.importorskip("torchtitan")
+    from tests.helpers.integration_helpers import job_config
+
+    with pytest.raises(SystemExit) as exit_info:
+        job_config(*args)
+    assert exit_info.value.code == 2
+    message = re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().err)
+    assert re.search(match, message), message
+
+
+def test_config_sets_the_seeds_from_debug_seed_and_step():
+    pytest.importorskip("torchtitan")
+    from tests.helpers.integration_helpers import job_config
+    from titan_fp4six.integration import rounding
+
+    job = job_config(f"--{LIN}.gradient_rounding", "stochastic", "--debug.seed", "11")
+    assert job.quantize.linear.four_over_six.gradient_rounding == "stochastic"
+    rounding.start_step(job, 7)
+    assert (GRADIENT_ROUNDING.seed, GRADIENT_ROUNDING.step, GRADIENT_ROUNDING.calls) == (11, 7, 0)
+    rounding.start_step(job_config(), 2)  # debug.seed unset: 0
+    assert (GRADIENT_ROUNDING.seed, GRADIENT_ROUNDING.step) == (0, 2)
+
+
+# ---- GPU (skipped without CUDA) ------------------------------------------------------------------------------------
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
+def test_gpu_kernel_matches_reference_sweep(dtype):
+    """The Triton stochastic NVFP4 quantizer on the GPU against the reference (same seed), bitwise: every data
+    kind, row-major with and without the decode and columnwise, several seeds, realistic shapes last."""
+    from tests.helpers.kernel_cases import KINDS, cases
+    from tests.helpers.operand_cases import column_case, same_bytes
+    from titan_fp4six.kernels import quantize as kq
+
+    failures, checked = [], 0
+    shapes = [(1, 16), (7, 48), (33, 272), (64, 2064), (256, 4096)]
+    for n, (label, x, amax, block) in enumerate(cases(shapes, (dtype, ), KINDS, seed=4)):
+        if block != "1x16" or amax.dim():
+            continue
+        seed = (n * 0x9E3779B97F4A7C15) % 2 ** 63
+        want_c, want_s = reference.nvfp4_reference(x, amax, seed)
+        want_d = reference.decode_block_scaled_reference(want_c, want_s)
+        for decode in (False, True):
+            c, s, _, d = kq.quantize(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, decode=decode, seed=seed)
+            checked += 1
+            ok = same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
+            if not (ok and (not decode or same_bytes(d.cpu(), want_d))):
+                failures.append(f"{label}/seed={seed}/decode={decode}")
+    gen = torch.Generator().manual_seed(6)
+    for (m, k), kind in [((1, 16), "normal"), ((37, 272), "nan_inf"), ((100, 400), "wide"),
+                         ((255, 1000), "saturate"), ((1024, 2048), "normal")]:
+        x, amax = column_case(kind, m, k, dtype, gen)
+        xt = torch.nn.functional.pad(x, (0, 0, 0, -m % 16)).t().contiguous()
+        want_c, want_s = reference.nvfp4_reference(xt, amax, 77)
+        c, s, _, d = kq.quantize_columnwise(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, True, seed=77)
+        checked += 1
+        if not (same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
+                and same_bytes(d.cpu(), reference.decode_block_scaled_reference(want_c, want_s))):
+            failures.append(f"columnwise/{m}x{k}/{kind}")
+    assert not failures, f"{len(failures)}/{checked}:\n" + "\n".join(failures[:20])
+
+
+@cuda
+@pytest.mark.gpu
+def test_gpu_philox_matches_reference():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def randint_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out_ptr + i, tl.randint(seed, tl.load(offsets_ptr + i)).to(tl.int64) & 0xFFFFFFFF)
+
+    offsets = torch.cat([torch.arange(4096), torch.arange(2 ** 32 - 2048, 2 ** 32 + 2048),
+                         torch.arange(2 ** 62, 2 ** 62 + 8192)])
+    for seed in (0, 1, 2 ** 31 + 5, 2 ** 62 + 3):
+        got = torch.zeros_like(offsets).cuda()
+        randint_kernel[(1, )](got, offsets.cuda(), seed, offsets.numel())
+        assert torch.equal(got.cpu(), philox_randint(seed, offsets))
+
+
+@cuda
+@pytest.mark.gpu
+def test_gpu_dense_stochastic_backward_triton_equals_reference_quantizer():
+    """The same seed gives bitwise the same gradients with the Triton quantizers and the reference on the GPU (same
+    emulated GEMMs), and again on a second run."""
+    x, w, dy = _dense_operands("cuda")
+    got = _grads(x, w, dy, FourOverSixRecipe(gradient_rounding="stochastic", quantizer="triton"), 9)
+    again = _grads(x, w, dy, FourOverSixRecipe(gradient_rounding="stochastic", quantizer="triton"), 9)
+    want = _grads(x, w, dy, FourOverSixRecipe(gradient_rounding="stochastic", quantizer="reference"), 9)
+    for a, b, c in zip(got, again, want):
+        assert torch.equal(a, b) and torch.equal(a, c)
