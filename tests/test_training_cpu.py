@@ -46,3 +46,17 @@ def test_cached_weights_train_the_same_losses_with_gradient_accumulation(tmp_pat
     plain = train(config, tmp_path / "plain", *args)
     cached = train(config, tmp_path / "cached", *args, *cache)
     assert sorted(plain) == [1, 2, 3, 4] and cached == plain
+
+
+def test_stochastic_gradient_rounding_repeats_with_the_seed(tmp_path):
+    """gradient_rounding = "stochastic" on the dense Linears: the same debug.seed repeats the losses bit for bit
+    (the rounding seeds come from it and the step, not from torch's RNG state); against round-to-nearest with the
+    same seed (same initial weights) step 1's forward is the same and step 2's loss differs."""
+    config = "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml"
+    args = ["--training.steps", "2", "--debug.seed", "3"]
+    stochastic = ["--quantize.linear.four_over_six.gradient_rounding", "stochastic"]
+    first = train(config, tmp_path / "a", *args, *stochastic)
+    again = train(config, tmp_path / "b", *args, *stochastic)
+    nearest = train(config, tmp_path / "c", *args)
+    assert sorted(first) == [1, 2] and first == again
+    assert nearest[1] == first[1] and nearest[2] != first[2]
