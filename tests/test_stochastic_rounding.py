@@ -391,3 +391,20 @@ def test_torchao_config_has_the_knob():
     assert FourOverSixTrainingConfig().gradient_rounding == "nearest"
     with pytest.raises(ValueError, match="gradient_rounding='stochastic'"):
         FourOverSixTrainingConfig(gradient_rounding="stochastic", backward="high_precision").recipe()
+
+
+def test_fidelity_metrics_of_a_stochastic_recipe():
+    """The fidelity telemetry runs every backward mode: only the quantized one rounds stochastically (the others
+    take gradient_rounding='nearest' instead of refusing), and dy's error is that of stochastic rounding
+    (larger than round-to-nearest's, which the plain-NVFP4 variant of the nearest recipe measures)."""
+    from titan_fp4six.modules import fidelity as fid
+
+    g = torch.Generator().manual_seed(2)
+    x, w, dy = torch.randn(64, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(64, 48, generator=g)
+    set_rounding_seed(1, 1)
+    sr = fid.gemm_fidelity(fid.GemmCase("c", x, w, dy, FourOverSixRecipe(gradient_rounding="stochastic")))
+    assert GRADIENT_ROUNDING.calls > 0
+    near = fid.gemm_fidelity(fid.GemmCase("c", x, w, dy, FourOverSixRecipe()))
+    assert sr["mse_dy/four_over_six"] > 1.2 * near["mse_dy/four_over_six"]
+    assert sr["high_precision_dx_cos/four_over_six"] == near["high_precision_dx_cos/four_over_six"]
+    assert 0.9 < sr["quantized_dx_cos/four_over_six"] < near["dequantized_dx_cos/four_over_six"]

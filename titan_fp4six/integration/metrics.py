@@ -160,8 +160,8 @@ def install() -> None:
         # torchtitan asks at the end of every step: count map-to-4 blocks only during the steps that will be logged
         # (the counting costs a reduction launch per quantized operand; the steps in between need none)
         MAP4_STATS.enabled = original_should_log(self, step + 1)
+        fidelity.step_end(self, step)  # its GEMMs may take rounding seeds: before the next step's are set
         rounding.start_step(getattr(self, "job_config", None), step + 1)  # the next step's gradient rounding seeds
-        fidelity.step_end(self, step)
         return original_should_log(self, step)
 
     MetricsProcessor.should_log = should_log

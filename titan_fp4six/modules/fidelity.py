@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-from ..dispatch.quantize import padded_transpose
+from ..dispatch.library import resolved_quantizer
+from ..dispatch.quantize import padded_transpose, run_quantize
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import OperandSpec
-from ..ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
 from ..ops.recipe import GemmPlan
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
@@ -122,6 +123,10 @@ def _output_and_grads(case: GemmCase, recipe: FourOverSixRecipe | None):
 
 def _spec_error(t, amax, spec: OperandSpec, quantizer: str):
     """(relative MSE, map-to-4 mask or None) of t quantized by `spec`, as the op quantizes that operand."""
+    if spec.rounding == "stochastic":  # as the quantized backward rounds it: one seed from GRADIENT_ROUNDING
+        codes, scales, _, _ = run_quantize(t.contiguous(), amax, spec, resolved_quantizer(quantizer, t.device), False,
+                                           seed=GRADIENT_ROUNDING.next())
+        return relative_mse(t, nvfp4_dequantize(codes, scales, amax, scale_bound=spec.scale_bound)), None
     if spec.candidates == "nvfp4":
         q = nvfp4_quantize(t, amax, quantizer=quantizer, validate_amax=False)
     else:
@@ -180,7 +185,9 @@ def gemm_fidelity(case: GemmCase) -> dict[str, float]:
             metrics = operand_errors(case, recipe)
             modes = [m for m in BACKWARD_MODES if m != "quantized" or case.quantized_backward]
             for mode in modes:
-                y, dx, dw = _output_and_grads(case, replace(recipe, backward=mode))
+                # gradient_rounding applies to the quantized backward only (the other modes refuse 'stochastic')
+                rounding = recipe.gradient_rounding if mode == "quantized" else "nearest"
+                y, dx, dw = _output_and_grads(case, replace(recipe, backward=mode, gradient_rounding=rounding))
                 if mode == modes[0]:  # the forward does not depend on the backward mode
                     metrics["fwd_snr_db"] = snr_db(y_ref, y)
                 for name, g, ref in (("dx", dx, dx_ref), ("dw", dw, dw_ref)):
