@@ -231,8 +231,9 @@ def test_stochastic_spec_needs_nvfp4_candidates_and_a_seed():
     with pytest.raises(ValueError, match="OperandSpec.rounding='dither' is not supported"):
         OperandSpec(rounding="dither")
     from titan_fp4six.dispatch.quantize import run_quantize
-    with pytest.raises(ValueError, match="needs a seed"):
-        run_quantize(torch.randn(2, 16), torch.tensor(3.0), NVFP4_STOCHASTIC, "reference", False)
+    for seed in (None, -1, 2 ** 63, 1.0):
+        with pytest.raises(ValueError, match="needs a seed"):
+            run_quantize(torch.randn(2, 16), torch.tensor(3.0), NVFP4_STOCHASTIC, "reference", False, seed=seed)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -9,6 +9,7 @@ import torch
 
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
+from ..numerics.philox import SEED_LIMIT
 from ..numerics.reference import RowGroups
 from ..numerics.spec import OperandSpec
 from ..numerics.validation import check_amax_covers
@@ -27,8 +28,8 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     specs): True returns the map-to-4 mask, False none, a formats.map4_count_buffer gets the counts added
     instead (the kernel counts in its own pass: no mask, no reduction launch). seed: the Philox seed of a spec
     with rounding='stochastic' (an int in [0, 2^63), required there; docs/numerics.md section 11)."""
-    if spec.rounding == "stochastic" and seed is None:
-        raise ValueError("a spec with rounding='stochastic' needs a seed")
+    if spec.rounding == "stochastic" and not (type(seed) is int and 0 <= seed < SEED_LIMIT):
+        raise ValueError(f"a spec with rounding='stochastic' needs a seed, an int in [0, 2^63); got {seed!r}")
     kernels = kernels_for(x, quantizer, "quantize")
     if check_amax and (kernels is None or not x.numel()):  # the kernel checks in its read of x; none launches if empty
         check_amax_covers(x, amax)
