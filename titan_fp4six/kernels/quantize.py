@@ -565,8 +565,8 @@ def _bit_or(a, b):
 def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words,
                      amax_div, n_groups, CHUNKS, M, seed, KIND: tl.constexpr, FOUR_SIX: tl.constexpr,
                      TILE16: tl.constexpr, MSE: tl.constexpr, SIX_B: tl.constexpr, R6B: tl.constexpr,
-                     WRITE_DEC: tl.constexpr, VEC: tl.constexpr, PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr, BR: tl.constexpr,
-                     NB: tl.constexpr, TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
+                     WRITE_DEC: tl.constexpr, VEC: tl.constexpr, PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr,
+                     BR: tl.constexpr, NB: tl.constexpr, TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
                      CHECK_AMAX: tl.constexpr = False, GROUPS: tl.constexpr = False, BY_GROUP: tl.constexpr = False,
                      MAP4: tl.constexpr = 1, STOCHASTIC: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
