@@ -126,7 +126,7 @@ def main() -> None:
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
-    from titan_fp4six.integration.checks import check_finite, nonfinite_allowed
+    from titan_fp4six.integration.checks import NonFiniteWatch, nonfinite_allowed
 
     class CheckedTrainer(Trainer):
         """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError) or
@@ -136,6 +136,7 @@ def main() -> None:
             check_before_training(job_config)
             super().__init__(job_config)
             self.step_losses, self.grad_norms = [], []
+            self.nonfinite = NonFiniteWatch()
 
         def forward_backward_step(self, *args, **kwargs):
             loss = super().forward_backward_step(*args, **kwargs)
@@ -147,9 +148,12 @@ def main() -> None:
             self.grad_norms.clear()
             with _recording(dist_utils, "clip_grad_norm_", self.grad_norms):
                 super().train_step(data_iterator)
-            loss, grad_norm = torch.stack([torch.stack(self.step_losses).sum().float(),
-                                           self.grad_norms[-1].float()]).tolist()  # one host sync a step
-            check_finite(self.step, loss, grad_norm, nonfinite_allowed(self.job_config))
+            if nonfinite_allowed(self.job_config):
+                return
+            self.nonfinite.record(self.step, torch.stack(self.step_losses).sum(), self.grad_norms[-1])
+            last = self.step == self.job_config.training.steps
+            if last or self.metrics_processor.should_log(self.step) or self.checkpointer._should_save(self.step, last):
+                self.nonfinite.check(self.step)
 
     torchtitan_main(CheckedTrainer)
 
