@@ -11,10 +11,12 @@ causal SDPA (tt03/cpu.py).
 
 from dataclasses import dataclass, field
 
+from torchtitan.config import TrainingConfig
 from torchtitan.trainer import Trainer
 
 from ...modules.weight_cache import invalidate_weight_caches
 from .. import rules
+from ..nonfinite import NonFiniteStop
 from . import cpu
 from ..sections import FAMILY
 from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
@@ -27,6 +29,12 @@ CONVERTERS = {f"quantize.linear.{FAMILY}": ("linear", FourOverSixLinearConverter
 class ModelSection:
     converters: list[str] = field(default_factory=list)
     """The plugin's converters to apply, in order: quantize.linear.four_over_six, quantize.grouped_mm.four_over_six."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Training(TrainingConfig):
+    allow_nonfinite: bool = False
+    """Train on past a step whose loss or grad norm is NaN or Inf (default: stop with an error naming the step)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,11 +85,13 @@ def check_config(config) -> None:
                              "must hold whole weights per rank; use expert_parallel_degree instead")
 
 
-class FourOverSixTrainer(Trainer):
-    """torchtitan 0.3's Trainer, converting the model config first; see the module docstring."""
+class FourOverSixTrainer(NonFiniteStop, Trainer):
+    """torchtitan 0.3's Trainer, converting the model config first and stopping at a non-finite loss or grad norm
+    (training.allow_nonfinite); see the module docstring."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        training: Training = field(default_factory=Training)
         model: ModelSection = field(default_factory=ModelSection)
         quantize: Quantize = field(default_factory=Quantize)
 
