@@ -227,7 +227,10 @@ def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per
 def grouped_wgrad_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor,
                                        b_bound: int, empty_groups: torch.Tensor, dtype) -> torch.Tensor:
     """The epilogue of the grouped weight-gradient GEMM (contraction over each group's tokens): prod (E, N, K)
-    times fa * fb, fa = a_amax[e] * fl(1/(6B_a)) per group (a_amax (E,)), fb = b_amax[e, k] * fl(1/(6B_b)) per
-    group and column (b_amax (E, K)), that product first, cast to dtype; empty groups' slices are +0."""
-    factor = global_decode_factor(a_amax, a_bound)[:, None, None] * global_decode_factor(b_amax, b_bound)[:, None, :]
+    times fa * fb, fa = a_amax[e] * fl(1/(6B_a)) per group (a_amax (E,)), fb = b_amax[e] * fl(1/(6B_b)) per group
+    (b_amax (E,)) or b_amax[e, k] * fl(1/(6B_b)) per group and column (b_amax (E, K)), that product first, cast to
+    dtype; empty groups' slices are +0."""
+    fb = global_decode_factor(b_amax, b_bound)
+    factor = global_decode_factor(a_amax, a_bound)[:, None, None] * (fb[:, None, :] if fb.dim() == 2 else
+                                                                     fb[:, None, None])
     return torch.where(empty_groups[:, None, None], 0, prod.float() * factor).to(dtype)

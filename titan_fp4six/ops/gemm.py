@@ -96,8 +96,8 @@ def grouped_wgrad_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand,
                      backends: Backends) -> torch.Tensor:
     """The grouped weight gradient: a (R, P) x b (C, P)^T per token group -> (E, R, C) in out_dtype, the
     contraction over each group's tokens: columns token_offs[e-1]:token_offs[e] of both operands (groups padded
-    to 16-token blocks, zero columns). Factors amax/(6B): a_amax (E,) per group, b_amax (E, C) per group and row
-    of b; empty groups' gradients are zeros.
+    to 16-token blocks, zero columns). Factors amax/(6B): a_amax (E,) per group, b_amax (E,) per group or (E, C)
+    per group and row of b; empty groups' gradients are zeros.
 
     Always emulated, on Blackwell too: the FP4 kernels' grouped form here (scaled_grouped_mm) groups the rows of
     A, not the contraction dimension, so this product is the emulation's on every device (docs/ops.md): the

@@ -136,8 +136,9 @@ def _blocked(x: Tensor, tb: _TokenBlocks) -> Tensor:
 
 
 def _block_amax(table: Tensor, tb: _TokenBlocks) -> Tensor:
-    """Per-group (E, C) amaxes -> each 16-token block's (P/16, C); 0 for blocks of no group."""
-    return torch.cat((table, table.new_zeros(1, table.shape[1]))).index_select(0, tb.block_group)
+    """Per-group amaxes (E,) or per group and column (E, C) -> each 16-token block's, (P/16,) or (P/16, C); 0 for
+    blocks of no group."""
+    return torch.cat((table, table.new_zeros(1, *table.shape[1:]))).index_select(0, tb.block_group)
 
 
 def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
@@ -165,11 +166,8 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
                              w_bound=p.w_t.scale_bound)
     if need_dw:
         tb = _token_blocks(offs, rows)
-        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax[:, None].expand(-1, n), tb), p.dy, b)
-        if p.x_t.scaling == "row":
-            x_amax = run_group_column_amax(A, group_of_row, experts)
-        else:
-            x_amax = a_amax[:, None].expand(-1, A.shape[1])
+        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax, tb), p.dy, b)
+        x_amax = run_group_column_amax(A, group_of_row, experts) if p.x_t.scaling == "row" else a_amax
         x_col = quantize_token_blocks(_blocked(A, tb), _block_amax(x_amax, tb), p.x_t, b)
         dW = grouped_wgrad_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
                               empty_groups, w_dtype, b)

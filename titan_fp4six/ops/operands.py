@@ -80,17 +80,23 @@ def transposed_tiles(op: Operand, backends: Backends, experts: int = 0) -> Opera
 
 
 def quantize_token_blocks(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends) -> Operand:
-    """The operand of x^T (C, P) for x (P, C), P a multiple of 16, 1x16 blocks along P, each block with its own
-    amax: amax (P/16, C), block j of x^T's row c takes amax[j, c] (the grouped quantized backward's columnwise
-    operands: a block lies in one token group, its amax is the group's, or the group's column's).
+    """The operand of x^T (C, P) for x (P, C), P a multiple of 16, 1x16 blocks along P, the j-th block of every
+    row of x^T (x's tokens 16j..16j+15) with amax[j] (amax (P/16,)), or block j of row c with amax[j, c] (amax
+    (P/16, C)): the grouped quantized backward's columnwise operands, whose blocks each lie in one token group
+    and take the group's amax, or the group's column's.
 
-    Each 16-token block of each column is quantized as one row of a (P/16 * C, 16) matrix by the rowwise
-    quantizer (kernel or reference) with one amax per row: a 1x16 block's codes and scale depend only on its
-    16 values and its amax, so these are the bytes of x^T quantized block by block."""
+    x's 16-token blocks are laid out as the rows of a (P/16, C * 16) matrix (one row per block index j, an amax
+    per row), or of a (P/16 * C, 16) matrix (one row per block, for per-block amaxes), and quantized by the
+    rowwise quantizer (kernel or reference): a 1x16 block's codes and scale depend only on its 16 values and
+    its amax, so these are the bytes of x^T quantized block by block."""
     p, c = x.shape
-    blocks = x.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2).reshape(-1, BLOCK_SIZE)
-    codes, scales, _, decoded = run_quantize(blocks, amax.reshape(-1).contiguous(), spec, backends.quantizer,
-                                             not backends.fp4, map4=False)
+    blocks = x.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2)
+    if amax.dim() == 1:
+        blocks = blocks.reshape(p // BLOCK_SIZE, c * BLOCK_SIZE)
+    else:
+        blocks, amax = blocks.reshape(-1, BLOCK_SIZE), amax.reshape(-1)
+    codes, scales, _, decoded = run_quantize(blocks, amax.contiguous(), spec, backends.quantizer, not backends.fp4,
+                                             map4=False)
     codes = codes.view(p // BLOCK_SIZE, c, BLOCK_SIZE // 2).transpose(0, 1).reshape(c, p // 2)
     scales = scales.view(torch.uint8).view(p // BLOCK_SIZE, c).t().contiguous().view(torch.float8_e4m3fn)
     if decoded is not None:
