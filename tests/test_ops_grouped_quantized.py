@@ -104,6 +104,15 @@ def test_dense_equals_reference_composition(recipe):
     _assert_equal(wg.grad, want_dw)
 
 
+@pytest.mark.parametrize("recipe", RECIPES[::3], ids=str)
+def test_grouped_zero_tokens(recipe):
+    """No tokens at all (every group empty): dA (0, K), dW zeros."""
+    A = torch.zeros(0, K, dtype=torch.bfloat16, requires_grad=True)
+    W = narrow_data((4, 32, K), 0).requires_grad_()
+    four_over_six_grouped_mm(A, W.transpose(-2, -1), torch.zeros(4, dtype=torch.int32), recipe=recipe).sum().backward()
+    assert A.grad.shape == (0, K) and W.grad.shape == W.shape and not W.grad.any()
+
+
 def test_grouped_compiled_equals_eager():
     """torch.compile(fullgraph=True) of the grouped op with the quantized backward: the eager bytes."""
     torch._dynamo.reset()
