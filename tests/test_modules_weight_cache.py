@@ -16,8 +16,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 DENSE_RECIPES = [FourOverSixRecipe(backward=b, weight_block=wb) for b in ("quantized", "high_precision", "dequantized")
                  for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
                                                  FourOverSixRecipe(activation_scaling="row", backward="quantized")]
-GROUPED_RECIPES = [FourOverSixRecipe(backward=b, weight_block=wb) for b in ("quantized", "high_precision", "dequantized")
-                   for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
+GROUPED_RECIPES = [FourOverSixRecipe(backward=b, weight_block=wb)
+                   for b in ("quantized", "high_precision", "dequantized") for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
                                                    FourOverSixRecipe(activation_scaling="row", backward="quantized")]
 
 
