@@ -17,8 +17,8 @@ DENSE_RECIPES = [FourOverSixRecipe(backward=b, weight_block=wb) for b in ("quant
                  for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
                                                  FourOverSixRecipe(activation_scaling="row", backward="quantized")]
 GROUPED_RECIPES = [FourOverSixRecipe(backward=b, weight_block=wb)
-                   for b in ("quantized", "high_precision", "dequantized") for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
-                                                   FourOverSixRecipe(activation_scaling="row", backward="quantized")]
+                   for b in ("quantized", "high_precision", "dequantized") for wb in ("16x16", "1x16")] + [
+    FourOverSixRecipe(activation_scaling="row"), FourOverSixRecipe(activation_scaling="row", backward="quantized")]
 
 
 def _grads(fn, *tensors):
