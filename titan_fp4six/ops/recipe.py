@@ -37,7 +37,7 @@ class FourOverSixRecipe:
                                     "token group for experts) or 'row' (per token).")
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
-                          "row-scaled activations and routed experts).")
+                          "row-scaled activations and routed experts; 'quantized' applies to all of them).")
     scope: str = _knob("all", SCOPES, "Operands that choose between the two candidates: 'all', 'weights', "
                        "'activations' or 'none' (the others keep the map-to-6 candidate; 'none' with "
                        "scale_bound=448 is plain NVFP4, docs/numerics.md).")
@@ -51,22 +51,16 @@ class FourOverSixRecipe:
     def __post_init__(self):
         for f in fields(self):
             check_choice(f"FourOverSixRecipe.{f.name}", getattr(self, f.name), f.metadata["valid"])
-        if self.backward == "quantized" and self.activation_scaling == "row":
-            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with "
-                             "FourOverSixRecipe.activation_scaling='row' (per-row scales do not transpose); use "
-                             "backward='high_precision' or 'dequantized', or activation_scaling='tensor'")
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
-        # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
+        # takes a lock, which torch.compile cannot trace).
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
-        object.__setattr__(self, "_grouped_plan",
-                           None if self.backward == "quantized" else resolve_plan(self, grouped=True))
+        object.__setattr__(self, "_grouped_plan", resolve_plan(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
         # Two attributes, not a tuple indexed by the bool: torch.compile cannot index a tuple with a bool.
-        plan = self._grouped_plan if grouped else self._dense_plan
-        return plan or resolve_plan(self, grouped)  # a grouped 'quantized' raises there
+        return self._grouped_plan if grouped else self._dense_plan
 
     def resolve(self, grouped: bool) -> "FourOverSixRecipe":
         """This recipe with `backward` resolved for a dense or grouped GEMM (what modules store)."""
@@ -78,8 +72,12 @@ class FourOverSixRecipe:
 class GemmPlan:
     """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
     implementation knobs. dy, x_t, w_t: the quantized backward's operands (gradient, x^T, W^T; None in the
-    other modes); a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
-    again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
+    other modes), dense and grouped, per-tensor and row-scaled activations (docs/numerics.md, section 9):
+    dy's amax per tensor (dense) or per token group (grouped, scaling "group"); x_t's (blocks along the
+    tokens) the forward's per-tensor / per-group amax, or for row-scaled x (scaling "row") one per row of x^T,
+    i.e. per column of x (and per group), as TransformerEngine's row-scaled NVFP4 does; a 16x16 w_t is the
+    forward's tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's
+    key, the form the custom ops take (plan_from_key inverts it)."""
 
     key: str
     backward: str
@@ -99,10 +97,7 @@ class GemmPlan:
 def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     """The one place that reads `scope`, `weight_block`, `activation_scaling` and `backward`: the spec of every
     operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
-    high_precision for row-scaled activations and routed experts)."""
-    if grouped and recipe.backward == "quantized":
-        raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
-                         "valid there: 'auto', 'high_precision', 'dequantized'")
+    high_precision for row-scaled activations and routed experts; an explicit "quantized" holds for both)."""
     row = recipe.activation_scaling == "row"
     backward = recipe.backward
     if backward == "auto":
@@ -115,7 +110,8 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
     quantized = backward == "quantized"
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
-    return GemmPlan(key, backward, x, w, NVFP4 if quantized else None, x if quantized else None,
+    dy = replace(NVFP4, scaling="group") if grouped else NVFP4  # grouped: one amax per token group
+    return GemmPlan(key, backward, x, w, dy if quantized else None, x if quantized else None,
                     w if quantized else None, recipe.quantizer, recipe.gemm)
 
 
