@@ -21,7 +21,7 @@ declare -A RECIPE=([qwen3_base]=configs/qwen3_moe_debug_nvfp4_four_over_six.toml
 # The study setup (docs/fidelity.md says why): 400 steps of 8 x 512 tokens from the 4.4M-token code corpus
 # (0.37 epoch: no sample repeats), the peak lr of each slice after 40 warm-up steps, final loss = mean of the
 # last 100 steps.
-declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=4e-4 [deepseek_all]=4e-4)
+declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=2e-4 [deepseek_all]=2e-4)
 STUDY=(--seeds "${SEEDS:-5}" --steps 400 --tail 100 --training.dataset titan_fp4six_code
        --training.local_batch_size 8 --training.seq_len 512)
 WARMUP=(--lr_scheduler.warmup_steps 40)

@@ -141,9 +141,6 @@ def test_bad_environment_overrides_fail_when_the_converters_are_built(monkeypatc
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--quantize.linear.four_over_six.backward", "quantized", "--quantize.linear.four_over_six.activation_scaling",
-      "row"], rf"\[{LIN}\] {LIN}.backward='quantized' is not defined with {LIN}.activation_scaling='row'"),
-    (["--quantize.grouped_mm.four_over_six.backward", "quantized"], rf"\[{GMM}\].*grouped"),
     (["--quantize.linear.four_over_six.err_mode", "l1"], rf"\[{LIN}\] {LIN}.err_mode='l1' is not supported; valid values: 'mae', 'mse'"),
     (["--quantize.grouped_mm.four_over_six.scale_bound", "300"], rf"\[{GMM}\] {GMM}.scale_bound=300 is not supported"),
     (["--quantize.linear.four_over_six.weight_block", "8x8"], "weight_block='8x8'"),
@@ -163,6 +160,16 @@ def test_knob_errors_stop_the_config_load(args, match, capsys):
     assert exit_info.value.code == 2
     message = re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().err)
     assert re.search(match, message), message
+
+
+def test_quantized_backward_loads_for_row_scaling_and_experts():
+    """backward='quantized' with row-scaled activations and for routed experts (once refused) builds."""
+    job = job_config("--quantize.linear.four_over_six.backward", "quantized",
+                     "--quantize.linear.four_over_six.activation_scaling", "row",
+                     "--quantize.grouped_mm.four_over_six.backward", "quantized")
+    recipes = [c.recipe for c in _build(job).converters]
+    assert recipes == [FourOverSixRecipe(backward="quantized", activation_scaling="row"),
+                       FourOverSixRecipe(backward="quantized")]
 
 
 def test_knob_errors_in_the_toml_stop_the_config_load(tmp_path):

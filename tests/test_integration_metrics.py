@@ -37,6 +37,8 @@ def test_blackwell_mixes_fp4_and_bf16_peaks():
     (FourOverSixRecipe(backward="high_precision"), False, 2),
     (FourOverSixRecipe(), True, 2),  # grouped backward is bf16
     (FourOverSixRecipe(activation_scaling="row"), False, 2),  # forward native, row factors on its bf16 output
+    (FourOverSixRecipe(backward="quantized", activation_scaling="row"), False, 6),
+    (FourOverSixRecipe(backward="quantized"), True, 4),  # forward and dgrad native; the grouped wgrad emulated
 ])
 def test_fp4_flops_per_param(recipe, grouped, expected):
     assert metrics.fp4_flops_per_param(recipe, grouped) == expected

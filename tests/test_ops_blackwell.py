@@ -285,3 +285,42 @@ def test_row_scaled_ops_on_blackwell_stay_within_the_rounding_bound_of_the_emula
         d = (r.float() - e.float()).abs()
         assert (d <= rtol * e.float().abs() + 1e-6).all(), d.max()
         assert not torch.equal(r, e)  # the extra rounding is really there
+
+
+@pytest.mark.parametrize("recipe", [
+    FourOverSixRecipe(backward="quantized"),
+    FourOverSixRecipe(backward="quantized", weight_block="1x16", activation_scaling="row"),
+], ids=str)
+def test_quantized_backward_on_blackwell(on_blackwell, recipe):
+    """The quantized backward through the Blackwell dispatch (F.scaled_mm / scaled_grouped_mm emulated): the
+    grouped dgrad runs scaled_grouped_mm on dy (one factor per group, B=448) and W^T (per expert: the forward's
+    16x16 tiles transposed, or 1x16 re-quantized), within the rounding bound of the emulated path; the grouped
+    wgrad (contraction over each group's tokens) is the emulation's on every device: bitwise equal. The dense
+    wgrad of row-scaled x puts x^T's per-row factor on the row-scaled kernels' side (their extra rounding)."""
+    g = torch.Generator().manual_seed(10)
+    x, w = torch.randn(300, 64, generator=g).bfloat16(), (torch.randn(4, 32, 64, generator=g) * 0.1).bfloat16()
+    dy = torch.randn(300, 32, generator=g).bfloat16()
+    offs = torch.tensor([64, 64, 200, 290], dtype=torch.int32)
+    calls = []
+    grouped_mm = F.scaled_grouped_mm
+
+    def run(r):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        four_over_six_grouped_mm(xs, ws.transpose(-2, -1), offs, recipe=r).backward(dy)
+        xd, wd = x.clone().requires_grad_(), w[0].clone().requires_grad_()
+        four_over_six_mm(xd, wd, recipe=r).backward(dy)
+        return xs.grad, ws.grad, xd.grad, wd.grad
+
+    emulated = run(dataclasses.replace(recipe, gemm="emulated"))
+    F.scaled_grouped_mm = lambda **kw: calls.append(kw["mat_b"].shape) or grouped_mm(**kw)
+    try:
+        real = run(recipe)
+    finally:
+        F.scaled_grouped_mm = grouped_mm
+    assert calls == [(4, 32, 32), (4, 16, 64)]  # (E, contraction/2, outputs): the forward's, the dgrad's
+    assert torch.equal(real[1], emulated[1])  # grouped wgrad: always emulated
+    assert not real[0][290:].any()
+    for r, e in zip(real, emulated):
+        assert torch.isfinite(r).all()
+        d = (r.float() - e.float()).abs()
+        assert (d <= 2 ** -6 * e.float().abs() + 1e-6).all(), d.max()

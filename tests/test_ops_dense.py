@@ -165,7 +165,8 @@ def test_only_needed_grads():
 
 @pytest.mark.parametrize("recipe", [
     FourOverSixRecipe(backward=b, weight_block=wb) for b in ("quantized", "high_precision", "dequantized")
-    for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row")])
+    for wb in ("16x16", "1x16")] + [FourOverSixRecipe(activation_scaling="row"),
+                                    FourOverSixRecipe(activation_scaling="row", backward="quantized")])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))])
 def test_zero_tokens_forward_and_backward(recipe, device):

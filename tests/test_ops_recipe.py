@@ -41,10 +41,16 @@ def test_bad_knobs_name_the_field_and_valid_values(field, value, valid):
         FourOverSixRecipe(**{field: value})
 
 
-def test_quantized_backward_rejected_for_row_scaling_and_grouped():
-    with pytest.raises(ValueError, match="backward='quantized'.*activation_scaling='row'"):
-        FourOverSixRecipe(backward="quantized", activation_scaling="row")
-    r = FourOverSixRecipe(backward="quantized")
-    assert r.plan(grouped=False).backward == "quantized"
-    with pytest.raises(ValueError, match="grouped"):
-        r.plan(grouped=True).backward
+def test_quantized_backward_holds_for_row_scaling_and_grouped():
+    """'auto' keeps its resolution (the RL base point); an explicit 'quantized' holds for row-scaled activations
+    and grouped GEMMs, with the roles' specs: dy standard NVFP4 (one amax per token group when grouped), x^T the
+    forward's x spec (row-scaled: per row of x^T), W^T the weights'."""
+    assert FourOverSixRecipe(activation_scaling="row").plan(grouped=True).backward == "high_precision"
+    for row in (False, True):
+        r = FourOverSixRecipe(backward="quantized", activation_scaling="row" if row else "tensor")
+        for grouped in (False, True):
+            p = r.plan(grouped=grouped)
+            assert p.backward == "quantized" and r.resolve(grouped) is r
+            assert p.dy.candidates == "nvfp4" and p.dy.scaling == ("group" if grouped else "tensor")
+            assert p.x_t == p.x and p.w_t == p.w
+            assert p.x.scaling == ("row" if row else "group" if grouped else "tensor")

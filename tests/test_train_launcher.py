@@ -13,7 +13,8 @@ from torchtitan.config.manager import ConfigManager
 
 from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
 from titan_fp4six.integration.allocator import ALLOC_ENVS, expandable_segments_by_default
-from titan_fp4six.integration.checks import check_finite, check_job_config, nonfinite_allowed
+from titan_fp4six.integration.checks import check_job_config
+from titan_fp4six.integration.nonfinite import NonFiniteWatch, check_finite, nonfinite_allowed
 from titan_fp4six.integration.converters import check_converter_names
 from titan_fp4six.train import check_world_size
 
@@ -71,10 +72,27 @@ def test_non_finite_steps_stop_unless_allowed(tmp_path):
     with pytest.raises(FloatingPointError, match=r"step 2: non-finite loss \(nan\) and grad norm \(nan\)"):
         check_finite(2, float("nan"), float("nan"), allow=False)
     check_finite(2, float("nan"), float("nan"), allow=True)
-    assert not nonfinite_allowed(job_config()) and nonfinite_allowed(job_config("--training.allow_nonfinite"))
+    assert not nonfinite_allowed(job_config().training)
+    assert nonfinite_allowed(job_config("--training.allow_nonfinite").training)
     job = ConfigManager().parse_args(["--job.config_file", _recipe(tmp_path, "[training]\nallow_nonfinite = 1\n")])
     with pytest.raises(ValueError, match=r"training.allow_nonfinite=1; it must be true or false"):
-        nonfinite_allowed(job)
+        nonfinite_allowed(job.training)
+
+
+def test_the_watch_keeps_the_first_non_finite_step_until_checked():
+    """The launcher records every step on the device and reads the record only on logging and checkpoint steps:
+    the error names the first bad step, its values and the step that read it."""
+    watch = NonFiniteWatch()
+    watch.check(1)  # nothing recorded yet
+    for step, loss, norm in [(1, 2.5, 0.7), (2, 2.4, 0.6)]:
+        watch.record(step, torch.tensor(loss), torch.tensor(norm))
+    watch.check(2)
+    watch.record(3, torch.tensor(float("nan")), torch.tensor(0.5))
+    watch.record(4, torch.tensor(2.0), torch.tensor(float("inf")))  # a later bad step does not replace the first
+    watch.record(5, torch.tensor(2.0), torch.tensor(0.5))
+    with pytest.raises(FloatingPointError, match=r"step 3: non-finite loss \(nan\); stopped at step 5 \(the first "
+                                                 r"step that read it\), before its checkpoint"):
+        watch.check(5)
 
 
 def test_an_unknown_flavor_names_the_valid_ones():

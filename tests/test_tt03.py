@@ -3,6 +3,7 @@ dispatch, the bf16 layer window, the registry's recipes and CLI, and a CPU run t
 torchtitan 0.2 (scripts/test.sh runs this file in its 0.3 environment)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,21 @@ def test_the_readme_command_trains_on_the_cpu_with_map4_and_mfu(tmp_path):
     assert len(steps) == 2
     assert all("four_over_six map4: 0." in s and "mfu: " in s and "mfu: N/A" not in s for s in steps)
     assert "MFU is computed against the bf16 peak" in run.stdout
+
+
+def test_a_non_finite_loss_stops_the_run_unless_allowed(tmp_path):
+    """The 0.3 trainer stops as the 0.2 launcher does: lr 1e30 turns the weights non-finite after step 1; with
+    log_freq 5 the record is read at the last step (3) and names the first bad step."""
+    cmd = [sys.executable, "-m", "titan_fp4six.train", "--module", "titan_fp4six.integration.tt03", "--config",
+           "deepseek_v3_debugmodel_nvfp4_four_over_six", "--training.steps", "3", "--training.local_batch_size", "2",
+           "--training.seq_len", "64", "--training.mixed_precision_param", "float32", "--metrics.log_freq", "5",
+           "--lr_scheduler.warmup_steps", "1", "--optimizer.param_groups.0.optimizer_kwargs.lr", "1e30",
+           "--dump_folder", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    run = lambda *extra: subprocess.run(cmd + list(extra), cwd=ROOT, env=env, stdout=subprocess.PIPE,  # noqa: E731
+                                        stderr=subprocess.STDOUT, text=True, timeout=600)
+    stopped = run()
+    assert stopped.returncode != 0
+    assert re.search(r"FloatingPointError: step 2: non-finite .*; stopped at step 3 \(the first step that read it\)", stopped.stdout), \
+        stopped.stdout[-3000:]
+    assert run("--training.allow_nonfinite").returncode == 0

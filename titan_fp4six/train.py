@@ -6,7 +6,6 @@ installed version; another version is an error naming both). Runnable under torc
 rendezvous variables torchrun would set are filled in for one rank).
 """
 
-import contextlib
 import os
 import socket
 
@@ -72,28 +71,12 @@ def prepare_process() -> None:
 
 def check_before_training(job_config) -> None:
     """Both launchers' checks of the parsed config, before torchtitan's Trainer builds anything."""
-    from titan_fp4six.integration.checks import check_job_config, nonfinite_allowed
+    from titan_fp4six.integration.checks import check_job_config
+    from titan_fp4six.integration.nonfinite import nonfinite_allowed
 
     check_job_config(job_config)
-    nonfinite_allowed(job_config)
+    nonfinite_allowed(job_config.training)
     check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
-
-
-@contextlib.contextmanager
-def _recording(module, name: str, results: list):
-    """Within the block, module.<name>(...) also appends its result to `results` (torchtitan's train_step keeps
-    the grad norm to itself on the steps it does not log)."""
-    original = getattr(module, name)
-
-    def recorded(*args, **kwargs):
-        results.append(original(*args, **kwargs))
-        return results[-1]
-
-    setattr(module, name, recorded)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 def prepare_process_tt03() -> None:
@@ -122,36 +105,19 @@ def main() -> None:
 
         return torchtitan_main()
     prepare_process()
-    from torchtitan.distributed import utils as dist_utils
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
-    from titan_fp4six.integration.checks import check_finite, nonfinite_allowed
-    from titan_fp4six.integration import rounding
+    from titan_fp4six.integration.nonfinite import NonFiniteStop
+    from titan_fp4six.integration.rounding import RoundingSeedPerStep
 
-    class CheckedTrainer(Trainer):
+    class CheckedTrainer(RoundingSeedPerStep, NonFiniteStop, Trainer):
         """torchtitan's Trainer after the checks whose torchtitan failures are bare (KeyError, AssertionError) or
         silent, stopping at a non-finite loss or grad norm (training.allow_nonfinite)."""
 
         def __init__(self, job_config):
             check_before_training(job_config)
             super().__init__(job_config)
-            self.step_losses, self.grad_norms = [], []
-
-        def forward_backward_step(self, *args, **kwargs):
-            loss = super().forward_backward_step(*args, **kwargs)
-            self.step_losses.append(loss.detach())
-            return loss
-
-        def train_step(self, data_iterator):
-            rounding.start_step(self.job_config, self.step)  # exact after a resume too
-            self.step_losses.clear()
-            self.grad_norms.clear()
-            with _recording(dist_utils, "clip_grad_norm_", self.grad_norms):
-                super().train_step(data_iterator)
-            loss, grad_norm = torch.stack([torch.stack(self.step_losses).sum().float(),
-                                           self.grad_norms[-1].float()]).tolist()  # one host sync a step
-            check_finite(self.step, loss, grad_norm, nonfinite_allowed(self.job_config))
 
     torchtitan_main(CheckedTrainer)
 

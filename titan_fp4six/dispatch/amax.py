@@ -73,3 +73,21 @@ def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:
     """Group id of every row given inclusive group ends `offs`; rows at or past offs[-1] get len(offs)."""
     positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
     return torch.searchsorted(offs, positions, right=True)
+
+
+def run_column_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| of each column of a 2-D tensor (C,) (0 with no rows): the per-row amax of x^T, which the quantized
+    backward's row-scaled x^T takes (a PyTorch reduction, exact and NaN-propagating on every device)."""
+    return row_amax_reference(x.t())
+
+
+def run_group_column_amax(x: torch.Tensor, group_of_row: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """max |x| per token group and column (G, C) of a grouped GEMM's A (rows by group_index; rows at and past
+    offs[-1], group n_groups, are dropped; 0 for empty groups). NaN propagates: flagged on its own, since a
+    scatter's amax need not propagate it on every device."""
+    ax = x.abs().float()
+    index = group_of_row[:, None].expand_as(ax)
+    buckets = ax.new_zeros(n_groups + 1, x.shape[1])
+    amax = buckets.scatter_reduce(0, index, ax, reduce="amax", include_self=True)
+    nan = buckets.scatter_reduce(0, index, ax.isnan().float(), reduce="amax", include_self=True)
+    return torch.where(nan > 0, float("nan"), amax)[:-1]

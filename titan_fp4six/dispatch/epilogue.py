@@ -2,7 +2,7 @@
 
 import torch
 
-from ..numerics.reference import grouped_scale_cast_reference, scale_cast_reference
+from ..numerics.reference import grouped_scale_cast_reference, grouped_wgrad_scale_cast_reference, scale_cast_reference
 from .backend import kernels_for
 
 
@@ -16,9 +16,19 @@ def run_scale_cast(acc: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax
 
 
 def run_grouped_scale_cast(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
-                           group_of_row: torch.Tensor, scale_bound: int, dtype, quantizer: str):
-    """prod (M, N) * (fa * fw) per row cast to dtype, zeros past offs[-1] (grouped_scale_cast_reference)."""
+                           group_of_row: torch.Tensor, scale_bound: int, dtype, quantizer: str,
+                           w_bound: int | None = None):
+    """prod (M, N) * (fa * fw) per row cast to dtype, zeros past offs[-1] (grouped_scale_cast_reference; w_bound:
+    the weights' B where it differs from the activations')."""
     kernels = kernels_for(prod, quantizer, "epilogue")
     if kernels is not None:
-        return kernels.grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, dtype)
-    return grouped_scale_cast_reference(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, dtype)
+        return kernels.grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, dtype,
+                                          w_bound)
+    return grouped_scale_cast_reference(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, dtype, w_bound)
+
+
+def run_grouped_wgrad_scale_cast(prod: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor,
+                                 b_bound: int, empty_groups: torch.Tensor, dtype) -> torch.Tensor:
+    """The grouped weight-gradient GEMM's epilogue (grouped_wgrad_scale_cast_reference): elementwise FP32 ops, the
+    same bytes on every device, so no kernel."""
+    return grouped_wgrad_scale_cast_reference(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, dtype)

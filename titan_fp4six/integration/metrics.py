@@ -49,12 +49,15 @@ def track(fqn: str, active_params: int, recipe: FourOverSixRecipe, *, grouped: b
 def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
     """FLOPs per token per weight param that run as NVFP4 GEMMs where native FP4 kernels exist.
 
-    The forward GEMM (2), per-tensor, per-group or row-scaled, plus dgrad and wgrad (4) for a dense GEMM whose
-    backward resolves to "quantized"; other backwards are bf16. None where the recipe's `gemm` knob is "emulated".
+    The forward GEMM (2), per-tensor, per-group or row-scaled, plus for a backward resolving to "quantized" the
+    dgrad (2) and, dense only, the wgrad (2; the grouped wgrad, over each group's tokens, is always emulated:
+    docs/ops.md); other backwards are bf16. None where the recipe's `gemm` knob is "emulated".
     """
     if recipe.gemm == "emulated":
         return 0
-    return 2 if grouped or recipe.plan(grouped).backward != "quantized" else 6
+    if recipe.plan(grouped).backward != "quantized":
+        return 2
+    return 4 if grouped else 6
 
 
 def fp4_flops_per_token() -> int:

@@ -3,9 +3,10 @@
 Each step's seeds derive from (debug.seed, 0 when unset; the step; the process's global rank) through
 ops.set_rounding_seed, so a run repeats its rounding exactly given the same seed, world and call order (as
 --debug.deterministic asks), and data-parallel ranks round their different gradients with different bits. Set at
-the end of every step for the next one (metrics' should_log wrapper, torchtitan 0.2 and 0.3), at the converters'
-construction for step 1, and at the start of every step by the launcher's trainer (titan_fp4six.train), which
-knows the step a resumed run starts from.
+the end of every step for the next one (metrics' should_log wrapper, torchtitan 0.2 and 0.3), at the 0.2
+converters' construction for step 1, and at the start of every step by the launchers' trainers
+(RoundingSeedPerStep: titan_fp4six.train's and the 0.3 FourOverSixTrainer), which know the step a resumed run
+starts from.
 """
 
 import torch
@@ -27,3 +28,11 @@ def _rank() -> int:
 def start_step(job_config, step: int) -> None:
     """The stochastic rounding seeds of step `step` (1-based, torchtitan's count)."""
     set_rounding_seed(run_seed(job_config), step, _rank())
+
+
+class RoundingSeedPerStep:
+    """Mixin over torchtitan's Trainer (0.2.x and 0.3.x): the step's rounding seeds set as it starts."""
+
+    def train_step(self, data_iterator):
+        start_step(self.job_config if hasattr(self, "job_config") else self.config, self.step)
+        return super().train_step(data_iterator)

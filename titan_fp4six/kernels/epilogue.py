@@ -86,8 +86,10 @@ def scale_cast(acc, a_amax, a_bound: int, b_amax, b_bound: int, dtype):
     return _launch(acc, a_amax, A_ROW if a_amax.dim() else A_TENSOR, b_amax, None, a_bound, b_bound, dtype)
 
 
-def grouped_scale_cast(prod, a_amax, a_per_group: bool, w_amax, group_of_row, scale_bound: int, dtype):
+def grouped_scale_cast(prod, a_amax, a_per_group: bool, w_amax, group_of_row, scale_bound: int, dtype,
+                       w_bound: int | None = None):
     """prod (M, N) * (fa * fw) per row in dtype, fw of the row's expert (w_amax (E,)), fa per row (a_amax (M,))
-    or per group (a_amax (E,), a_per_group); rows whose group_of_row (integer, (M,)) is E or more are +0."""
-    return _launch(prod, a_amax, A_GROUP if a_per_group else A_ROW, w_amax, group_of_row, scale_bound, scale_bound,
-                   dtype)
+    or per group (a_amax (E,), a_per_group); rows whose group_of_row (integer, (M,)) is E or more are +0. B:
+    scale_bound for both factors, w_bound for fw where given."""
+    return _launch(prod, a_amax, A_GROUP if a_per_group else A_ROW, w_amax, group_of_row, scale_bound,
+                   w_bound or scale_bound, dtype)

@@ -101,7 +101,8 @@ class GemmCase:
 
     @property
     def quantized_backward(self) -> bool:
-        """Whether backward='quantized' is defined here: a dense GEMM with per-tensor activations."""
+        """Whether this tool measures backward='quantized' here: a dense GEMM with per-tensor activations (the
+        ops' quantized backward of grouped GEMMs and row-scaled activations is not measured by it yet)."""
         return self.offs is None and not self.recipe.plan(grouped=False).row_scaled
 
 

@@ -219,12 +219,26 @@ def map4_counts(map4: torch.Tensor, groups: RowGroups | None = None) -> torch.Te
 
 
 def grouped_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group: bool, w_amax: torch.Tensor,
-                                 group_of_row: torch.Tensor, scale_bound: int, dtype) -> torch.Tensor:
+                                 group_of_row: torch.Tensor, scale_bound: int, dtype,
+                                 w_bound: int | None = None) -> torch.Tensor:
     """The emulated grouped GEMM's epilogue: prod (M, N) times fa * fw per row, fw = w_amax[expert] * fl(1/(6B)),
     fa per row (a_amax (M,)) or per group (a_amax (E,), a_per_group), cast to dtype; rows whose group_of_row is
-    E or more (past offs[-1]) are +0 whatever prod holds there."""
+    E or more (past offs[-1]) are +0 whatever prod holds there. B = scale_bound for both factors, or w_bound
+    for fw where given (the quantized backward's dgrad: an NVFP4 gradient times four-over-six weights)."""
     valid = group_of_row < w_amax.numel()
     fa = global_decode_factor(a_amax, scale_bound)
     factor = ((expand_per_row(fa, group_of_row) if a_per_group else fa)
-              * expand_per_row(global_decode_factor(w_amax, scale_bound), group_of_row))
+              * expand_per_row(global_decode_factor(w_amax, w_bound or scale_bound), group_of_row))
     return torch.where(valid[:, None], prod.float() * factor[:, None], 0).to(dtype)
+
+
+def grouped_wgrad_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor,
+                                       b_bound: int, empty_groups: torch.Tensor, dtype) -> torch.Tensor:
+    """The epilogue of the grouped weight-gradient GEMM (contraction over each group's tokens): prod (E, N, K)
+    times fa * fb, fa = a_amax[e] * fl(1/(6B_a)) per group (a_amax (E,)), fb = b_amax[e] * fl(1/(6B_b)) per group
+    (b_amax (E,)) or b_amax[e, k] * fl(1/(6B_b)) per group and column (b_amax (E, K)), that product first, cast to
+    dtype; empty groups' slices are +0."""
+    fb = global_decode_factor(b_amax, b_bound)
+    factor = global_decode_factor(a_amax, a_bound)[:, None, None] * (fb[:, None, :] if fb.dim() == 2 else
+                                                                     fb[:, None, None])
+    return torch.where(empty_groups[:, None, None], 0, prod.float() * factor).to(dtype)

@@ -10,7 +10,7 @@ the public functions below check their arguments once.
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
+from ..dispatch.amax import run_column_amax, run_dense_amaxes, run_row_amax, run_tensor_amax
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
@@ -84,10 +84,12 @@ def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
 def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p: GemmPlan, x_dtype, w_dtype,
                      need_dx, need_dw):
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy by p.dy with its own
-    per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax. Columnwise operands are blocked
-    along the token dimension M, read in place (zero rows up to a multiple of 16 change nothing); a 16x16 W^T
-    is the forward's tiles transposed. A stochastically rounded dy (p.dy.rounding) takes one seed from
-    GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
+    per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax; a row-scaled x^T with one amax
+    per row of x^T (x's column amax: per-token amaxes do not transpose), its product computed as
+    (Q_col(x) x Q_col(dy)^T)^T so that the per-row factor sits on the GEMM's row-scaled side. Columnwise
+    operands are blocked along the token dimension M, read in place (zero rows up to a multiple of 16 change
+    nothing); a 16x16 W^T is the forward's tiles transposed. A stochastically rounded dy (p.dy.rounding) takes
+    one seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
     stochastic = p.dy.rounding == "stochastic"
     dy_amax = run_tensor_amax(dy, b.quantizer)
@@ -102,8 +104,14 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
                      p.w_t.scale_bound, x_dtype, b)
     if need_dw:
         dy_col = quantize_columnwise(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.next() if stochastic else None)
-        x_col = quantize_columnwise(x, x_amax, p.x_t, b)
-        dw = gemm_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, w_dtype, b)
+        if p.x_t.scaling == "row":
+            x_t_amax = run_column_amax(x)
+            x_col = quantize_columnwise(x, x_t_amax, p.x_t, b)
+            dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_amax, p.dy.scale_bound, w_dtype,
+                         b).t().contiguous()
+        else:
+            x_col = quantize_columnwise(x, x_amax, p.x_t, b)
+            dw = gemm_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, w_dtype, b)
     return dx, dw
 
 

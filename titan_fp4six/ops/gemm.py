@@ -15,7 +15,7 @@ import logging
 import torch
 
 from ..dispatch.backend import Backends
-from ..dispatch.epilogue import run_grouped_scale_cast, run_scale_cast
+from ..dispatch.epilogue import run_grouped_scale_cast, run_grouped_wgrad_scale_cast, run_scale_cast
 from ..numerics.reference import global_decode_factor
 from . import blackwell
 from .operands import Operand
@@ -65,15 +65,17 @@ def gemm_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: 
 
 def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Operand, w_amax: torch.Tensor,
                     offs: torch.Tensor, group_of_row: torch.Tensor, scale_bound: int, out_dtype,
-                    backends: Backends) -> torch.Tensor:
+                    backends: Backends, w_bound: int | None = None) -> torch.Tensor:
     """A (M, K) grouped by offs x expert weights w (E*N, K) -> (M, N); rows past offs[-1] are zeros.
 
     a_amax is per row (M,) (row-scaled) or per group (E,) (a_per_group), w_amax (E,) per expert; every factor
-    is amax/(6B) with B = scale_bound (both operands').
+    is amax/(6B) with B = scale_bound (both operands', or w_bound for the weights' where given). The emulation
+    takes w's decode as (E*N, K) or as an (E, N, K) view (the quantized backward's transposed weight tiles).
     """
     experts = w_amax.numel()
+    w_bound = w_bound or scale_bound
     if out_dtype == torch.bfloat16 and backends.fp4:
-        w_factor = global_decode_factor(w_amax, scale_bound)
+        w_factor = global_decode_factor(w_amax, w_bound)
         if a_per_group:
             out = blackwell.scaled_grouped_mm_nt(a, global_decode_factor(a_amax, scale_bound), w, w_factor,
                                                  offs, experts, out_dtype)
@@ -81,8 +83,26 @@ def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Oper
             out = blackwell.scaled_grouped_mm_nt_row_scaled(a, *row_split(a_amax, scale_bound), w, w_factor,
                                                             offs, experts, out_dtype)
         return torch.where((group_of_row < experts)[:, None], out, 0)
-    w_dec = w.block_scaled(backends.quantizer).view(experts, -1, w.codes.shape[1] * 2)
+    w_dec = w.block_scaled(backends.quantizer)
+    w_dec = w_dec.view(experts, -1, w_dec.shape[-1])
     # bf16 output: the extra rounding
     prod = torch._grouped_mm(a.block_scaled(backends.quantizer), w_dec.transpose(-2, -1), offs=offs)
     return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, out_dtype,
-                                  backends.quantizer)  # _grouped_mm leaves tail rows uninitialized: they become 0
+                                  backends.quantizer, w_bound)  # _grouped_mm leaves tail rows uninitialized: 0
+
+
+def grouped_wgrad_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: torch.Tensor, b_bound: int,
+                     token_offs: torch.Tensor, empty_groups: torch.Tensor, out_dtype,
+                     backends: Backends) -> torch.Tensor:
+    """The grouped weight gradient: a (R, P) x b (C, P)^T per token group -> (E, R, C) in out_dtype, the
+    contraction over each group's tokens: columns token_offs[e-1]:token_offs[e] of both operands (groups padded
+    to 16-token blocks, zero columns). Factors amax/(6B): a_amax (E,) per group, b_amax (E,) per group or (E, C)
+    per group and row of b; empty groups' gradients are zeros.
+
+    Always emulated, on Blackwell too: the FP4 kernels' grouped form here (scaled_grouped_mm) groups the rows of
+    A, not the contraction dimension, so this product is the emulation's on every device (docs/ops.md): the
+    decodes' product in bf16 (torch._grouped_mm, FP32 accumulation, the grouped GEMMs' extra bf16 rounding),
+    then the factors."""
+    prod = torch._grouped_mm(a.block_scaled(backends.quantizer), b.block_scaled(backends.quantizer).t(),
+                             offs=token_offs)
+    return run_grouped_wgrad_scale_cast(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, out_dtype)

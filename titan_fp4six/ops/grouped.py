@@ -6,18 +6,22 @@ each expert's amax covering its N rows (16x16 tiles stay inside an expert when N
 offs[-1] are not tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_token_groups
+from ..dispatch.amax import run_group_column_amax, run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
+from ..numerics.formats import BLOCK_SIZE
 from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
 from .checks import check_expert_weights, check_grouped, check_offs_values
-from .gemm import grouped_gemm_nt
-from .operands import Operand, quantize_operand
+from .gemm import grouped_gemm_nt, grouped_wgrad_nt
+from .operands import Operand, quantize_operand, quantize_token_blocks, transposed_tiles
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
+from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
 
 _F8 = torch.float8_e4m3fn
@@ -99,15 +103,96 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
             A.new_empty(e, dtype=torch.bool))
 
 
+class _TokenBlocks(NamedTuple):
+    """A's rows re-laid out for the columnwise operands of the grouped wgrad: each token group padded with zero
+    rows to a multiple of 16 tokens, so that every 16-token block lies in one group. P = ceil16(M) + 16 E
+    positions (a bound, no host sync); positions past the last group's padded end hold zeros and no group."""
+
+    src: Tensor  # (P,) int64: the row of A at each position (0 where padding)
+    valid: Tensor  # (P,) bool: the position holds a token
+    block_group: Tensor  # (P/16,) int64: each 16-token block's group, E past the last group
+    ends: Tensor  # (E,) int32: the groups' padded inclusive ends (the wgrad GEMM's offs)
+
+
+def _token_blocks(offs: Tensor, rows: int) -> _TokenBlocks:
+    experts = offs.numel()
+    offs64 = offs.long()
+    counts = torch.diff(offs64, prepend=offs64.new_zeros(1))
+    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = torch.cumsum(padded, 0)
+    pos = torch.arange(-(-rows // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE * experts, device=offs.device)
+    group = torch.searchsorted(ends, pos, right=True)
+    g = group.clamp(max=experts - 1)
+    t = pos - (ends[g] - padded[g])
+    valid = (group < experts) & (t < counts[g])
+    src = torch.where(valid, offs64[g] - counts[g] + t, 0)
+    return _TokenBlocks(src, valid, group[::BLOCK_SIZE], ends.to(torch.int32))
+
+
+def _blocked(x: Tensor, tb: _TokenBlocks) -> Tensor:
+    """x's token rows at their _TokenBlocks positions (P, C), zeros elsewhere (rows past offs[-1] never read)."""
+    if not x.shape[0]:
+        return x.new_zeros(tb.src.shape[0], x.shape[1])
+    return torch.where(tb.valid[:, None], x.index_select(0, tb.src), 0)
+
+
+def _block_amax(table: Tensor, tb: _TokenBlocks) -> Tensor:
+    """Per-group amaxes (E,) or per group and column (E, C) -> each 16-token block's, (P/16,) or (P/16, C); 0 for
+    blocks of no group."""
+    return torch.cat((table, table.new_zeros(1, *table.shape[1:]))).index_select(0, tb.block_group)
+
+
+def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
+                     p: GemmPlan, a_dtype, w_dtype, need_da, need_dw):
+    """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e) (dy by rows, blocks
+    along N, p.dy with one amax per token group; W_e^T blocked along N by p.w_t with the forward's expert amax,
+    a 16x16 W^T the forward's tiles transposed per expert); wgrad dW_e = Q_col(dy_e)^T x Q_col(A_e) (both blocked
+    along the group's tokens, each group zero-padded to 16-token blocks; dy^T with dy's group amax, A^T by p.x_t
+    with the forward's group amax, or row-scaled with the group's column amax). Rows past offs[-1] are read by no
+    amax and no GEMM: zero dA rows; empty groups: zero dW. A stochastically rounded dy (p.dy.rounding) takes one
+    seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
+    b = backends_for(p.quantizer, p.gemm, dy.device)
+    stochastic = p.dy.rounding == "stochastic"
+    experts, (rows, n) = offs.numel(), dy.shape
+    dy_amax = run_token_groups(dy, offs, False, b.quantizer)[0]
+    dA = dW = dy.new_empty(0)
+    if need_da:
+        pad_n = -n % BLOCK_SIZE  # 1x16 weights take any N: zero columns change no amax, code or product
+        if p.w_t.block == "16x16":
+            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b, experts)
+        else:
+            w_rows = torch.nn.functional.pad(B_t.reshape(-1, n), (0, pad_n))  # W_e^T (K, N) of each expert
+            w_col = quantize_operand(w_rows, w_amax, p.w_t, b)  # each expert's amax covers its K rows
+        dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
+        dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, RowGroups(group_of_row, experts, amax_by_group=True),
+                               seed=GRADIENT_ROUNDING.next() if stochastic else None)
+        dA = grouped_gemm_nt(dyq, dy_amax, True, w_col, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
+                             w_bound=p.w_t.scale_bound)
+    if need_dw:
+        tb = _token_blocks(offs, rows)
+        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax, tb), p.dy, b,
+                                       seed=GRADIENT_ROUNDING.next() if stochastic else None)
+        x_amax = run_group_column_amax(A, group_of_row, experts) if p.x_t.scaling == "row" else a_amax
+        x_col = quantize_token_blocks(_blocked(A, tb), _block_amax(x_amax, tb), p.x_t, b)
+        dW = grouped_wgrad_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
+                              empty_groups, w_dtype, b)
+    return dA, dW
+
+
 @compile_opaque_op("grouped_bwd")
 def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, group_of_row: Tensor,
                 empty_groups: Tensor, a_codes: Tensor | None, a_scales: Tensor | None, a_amax: Tensor | None,
-                w_codes: Tensor | None, w_scales: Tensor | None, w_amax: Tensor | None, recipe: str,
-                a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool, need_dw: bool) -> tuple[Tensor, Tensor]:
-    """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed); bf16
-    grouped GEMMs (the activations' dtype) on the original or the dequantized forward operands. group_of_row
-    and empty_groups are the forward's."""
+                w_codes: Tensor | None, w_scales: Tensor | None, w_decoded: Tensor | None, w_amax: Tensor | None,
+                recipe: str, a_dtype: torch.dtype, w_dtype: torch.dtype, need_da: bool,
+                need_dw: bool) -> tuple[Tensor, Tensor]:
+    """(dA (M, K) in A's dtype, dW (E, N, K) in the weights' dtype: the gradient of B_t, untransposed): the
+    quantized backward (_quantized_grads), or bf16 grouped GEMMs (the activations' dtype) on the original or the
+    dequantized forward operands. group_of_row and empty_groups are the forward's; w_decoded: the forward
+    weights' decode where it outlives the forward (a QuantizedWeight), else None."""
     p = plan_from_key(recipe, True)
+    if p.backward == "quantized":
+        return _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded,
+                                w_amax, p, a_dtype, w_dtype, need_da, need_dw)
     experts = offs.numel()
     if p.backward == "dequantized":
         quantizer = backends_for(p.quantizer, p.gemm, dy.device).quantizer
@@ -129,8 +214,8 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
 
 
 @grouped_bwd.register_fake
-def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w_codes, w_scales, w_amax, recipe,
-      a_dtype, w_dtype, need_da, need_dw):
+def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w_codes, w_scales, w_decoded, w_amax,
+      recipe, a_dtype, w_dtype, need_da, need_dw):
     m, n = dy.shape
     k = A.shape[1] if A is not None else a_codes.shape[1] * 2
     dA = dy.new_empty(m, k, dtype=a_dtype) if need_da else dy.new_empty(0)
@@ -144,14 +229,19 @@ class _GroupedFunction(torch.autograd.Function):
         key = p.key
         if qw is None:
             out, ac, as_, aa, wc, ws, wa, group_of_row, empty_groups = grouped_fwd(A, B_t, offs, key)
+            w_dec = None
         else:
             out, ac, as_, aa, group_of_row, empty_groups = grouped_fwd_quantized_weight(
                 A, offs, qw.codes, qw.scales, qw.decoded, qw.amax, key)
-            wc, ws, wa = qw.codes, qw.scales, qw.amax
+            wc, ws, wa, w_dec = qw.codes, qw.scales, qw.amax, qw.decoded
         if p.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
-            ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, wa)
+            ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, None, wa)
+        elif p.backward == "high_precision":
+            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, None, None, None, None, None)
+        elif p.w_t.block == "16x16":  # quantized: A for its columnwise quantization, W's tiles transpose
+            ctx.save_for_backward(A, None, offs, group_of_row, empty_groups, None, None, aa, wc, ws, w_dec, wa)
         else:
-            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, None, None, None, None)
+            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, aa, None, None, None, wa)
         ctx.config = (key, A.dtype, B_t.dtype)
         return out
 

@@ -46,24 +46,62 @@ def quantize_operand(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, bac
 
 def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
                         seed: int | None = None) -> Operand:
-    """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K) and a per-tensor amax, 1x16 blocks along M (the
-    quantized backward's columnwise operands), read from x in place on CUDA."""
+    """The operand of x^T (K, ceil16(M)) for a 2-D x (M, K), 1x16 blocks along M (the quantized backward's
+    columnwise operands): with a per-tensor amax read from x in place on CUDA; with one amax per row of x^T
+    (K,) (row-scaled x) quantized from the zero-padded transpose. seed: a stochastically rounded spec's."""
     codes, scales, _, decoded = run_quantize_columnwise(x, amax, spec, backends.quantizer, not backends.fp4,
                                                         map4=False, seed=seed)
     return Operand(codes, scales, decoded)
 
 
-def transpose_tiles(op: Operand) -> Operand:
+def transpose_tiles(op: Operand, experts: int = 1) -> Operand:
     """The transpose of a 16x16-tile-quantized (R, C) matrix as a (C, R) operand: the forward's own codes and
-    tile scales, transposed (spec: a 16x16 tile is its own transpose; re-quantizing could flip a near-tie)."""
-    codes = unpack_codes(op.codes)
-    codes_t = pack_codes(codes.t().contiguous())
+    tile scales, transposed (spec: a 16x16 tile is its own transpose; re-quantizing could flip a near-tie).
+    experts > 1: R = E*N rows of E experts' (N, C) weights, each transposed on its own -> (E*C, N)."""
+    rows, cols = op.codes.shape[0], op.codes.shape[1] * 2
+    n = rows // experts
+    codes = unpack_codes(op.codes).view(experts, n, cols)
+    codes_t = pack_codes(codes.transpose(1, 2).reshape(experts * cols, n))
     tiles = op.scales.view(torch.uint8)[::BLOCK_SIZE]  # one row of scales per 16-row tile: (R/16, C/16)
-    scales_t = tiles.t().repeat_interleave(BLOCK_SIZE, dim=0).contiguous().view(torch.float8_e4m3fn)
-    return Operand(codes_t, scales_t)
+    tiles_t = tiles.view(experts, n // BLOCK_SIZE, cols // BLOCK_SIZE).transpose(1, 2)
+    scales_t = tiles_t.repeat_interleave(BLOCK_SIZE, dim=1).reshape(experts * cols, n // BLOCK_SIZE)
+    return Operand(codes_t, scales_t.contiguous().view(torch.float8_e4m3fn))
 
 
-def transposed_tiles(op: Operand, backends: Backends) -> Operand:
+def transposed_tiles(op: Operand, backends: Backends, experts: int = 0) -> Operand:
     """The transpose of a 16x16-tile-quantized operand: for the emulated GEMM its decode, transposed (a view: a
-    tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed."""
-    return transpose_tiles(op) if backends.fp4 else Operand(None, None, op.block_scaled(backends.quantizer).t())
+    tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed. experts: the
+    operand is E experts' (N, C) weights stacked, each transposed (the decode as an (E, C, N) view)."""
+    if backends.fp4:
+        return transpose_tiles(op, max(experts, 1))
+    decoded = op.block_scaled(backends.quantizer)
+    if experts:
+        return Operand(None, None, decoded.view(experts, -1, decoded.shape[-1]).transpose(-2, -1))
+    return Operand(None, None, decoded.t())
+
+
+def quantize_token_blocks(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
+                          seed: int | None = None) -> Operand:
+    """The operand of x^T (C, P) for x (P, C), P a multiple of 16, 1x16 blocks along P, the j-th block of every
+    row of x^T (x's tokens 16j..16j+15) with amax[j] (amax (P/16,)), or block j of row c with amax[j, c] (amax
+    (P/16, C)): the grouped quantized backward's columnwise operands, whose blocks each lie in one token group
+    and take the group's amax, or the group's column's.
+
+    x's 16-token blocks are laid out as the rows of a (P/16, C * 16) matrix (one row per block index j, an amax
+    per row), or of a (P/16 * C, 16) matrix (one row per block, for per-block amaxes), and quantized by the
+    rowwise quantizer (kernel or reference): a 1x16 block's codes and scale depend only on its 16 values and
+    its amax, so these are the bytes of x^T quantized block by block. A stochastically rounded spec (seed) takes
+    its random bits by the element's index in that block-row matrix (docs/numerics.md section 11)."""
+    p, c = x.shape
+    blocks = x.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2)
+    if amax.dim() == 1:
+        blocks = blocks.reshape(p // BLOCK_SIZE, c * BLOCK_SIZE)
+    else:
+        blocks, amax = blocks.reshape(-1, BLOCK_SIZE), amax.reshape(-1)
+    codes, scales, _, decoded = run_quantize(blocks, amax.contiguous(), spec, backends.quantizer, not backends.fp4,
+                                             map4=False, seed=seed)
+    codes = codes.view(p // BLOCK_SIZE, c, BLOCK_SIZE // 2).transpose(0, 1).reshape(c, p // 2)
+    scales = scales.view(torch.uint8).view(p // BLOCK_SIZE, c).t().contiguous().view(torch.float8_e4m3fn)
+    if decoded is not None:
+        decoded = decoded.view(p // BLOCK_SIZE, c, BLOCK_SIZE).transpose(0, 1).reshape(c, p)
+    return Operand(codes, scales, decoded)

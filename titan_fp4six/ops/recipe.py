@@ -38,7 +38,7 @@ class FourOverSixRecipe:
                                     "token group for experts) or 'row' (per token).")
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
-                          "row-scaled activations and routed experts).")
+                          "row-scaled activations and routed experts; 'quantized' applies to all of them).")
     gradient_rounding: str = _knob("nearest", GRADIENT_ROUNDINGS, "E2M1 rounding of the quantized backward's "
                                    "gradient operand dy: 'nearest' or 'stochastic' (unbiased, Philox bits seeded "
                                    "from the run's seed and step; needs backward 'quantized' or 'auto' resolving "
@@ -56,26 +56,24 @@ class FourOverSixRecipe:
     def __post_init__(self):
         for f in fields(self):
             check_choice(f"FourOverSixRecipe.{f.name}", getattr(self, f.name), f.metadata["valid"])
-        if self.backward == "quantized" and self.activation_scaling == "row":
-            raise ValueError("FourOverSixRecipe.backward='quantized' is not defined with "
-                             "FourOverSixRecipe.activation_scaling='row' (per-row scales do not transpose); use "
-                             "backward='high_precision' or 'dequantized', or activation_scaling='tensor'")
         if self.gradient_rounding == "stochastic" and self.backward in ("high_precision", "dequantized"):
             raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
                              f"gradient, but FourOverSixRecipe.backward={self.backward!r} quantizes none; use "
                              f"backward='quantized' or 'auto', or gradient_rounding='nearest'")
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
-        # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
+        # takes a lock, which torch.compile cannot trace).
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
-        object.__setattr__(self, "_grouped_plan", None if self.backward == "quantized" or self.stochastic
+        # gradient_rounding='stochastic' with backward='auto' has no grouped plan (auto: high_precision there), so
+        # plan(grouped=True) raises when a grouped GEMM asks for it.
+        object.__setattr__(self, "_grouped_plan", None if self.stochastic and self.backward == "auto"
                            else resolve_plan(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
         # Two attributes, not a tuple indexed by the bool: torch.compile cannot index a tuple with a bool.
         plan = self._grouped_plan if grouped else self._dense_plan
-        return plan or resolve_plan(self, grouped)  # a grouped 'quantized' or 'stochastic' raises there
+        return plan or resolve_plan(self, grouped)  # a grouped 'stochastic' with backward 'auto' raises there
 
     @property
     def stochastic(self) -> bool:
@@ -92,8 +90,12 @@ class FourOverSixRecipe:
 class GemmPlan:
     """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
     implementation knobs. dy, x_t, w_t: the quantized backward's operands (gradient, x^T, W^T; None in the
-    other modes); a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
-    again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
+    other modes), dense and grouped, per-tensor and row-scaled activations (docs/numerics.md, section 9):
+    dy's amax per tensor (dense) or per token group (grouped, scaling "group"); x_t's (blocks along the
+    tokens) the forward's per-tensor / per-group amax, or for row-scaled x (scaling "row") one per row of x^T,
+    i.e. per column of x (and per group), as TransformerEngine's row-scaled NVFP4 does; a 16x16 w_t is the
+    forward's tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's
+    key, the form the custom ops take (plan_from_key inverts it)."""
 
     key: str
     backward: str
@@ -114,10 +116,7 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     """The one place that reads `scope`, `weight_block`, `activation_scaling`, `backward` and
     `gradient_rounding` (the dy spec's rounding; an error where the backward quantizes no gradient): the spec of every
     operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
-    high_precision for row-scaled activations and routed experts)."""
-    if grouped and recipe.backward == "quantized":
-        raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
-                         "valid there: 'auto', 'high_precision', 'dequantized'")
+    high_precision for row-scaled activations and routed experts; an explicit "quantized" holds for both)."""
     row = recipe.activation_scaling == "row"
     backward = recipe.backward
     if backward == "auto":
@@ -126,8 +125,7 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
         raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
                          f"gradient, but FourOverSixRecipe.backward={recipe.backward!r} resolves to {backward!r} "
                          f"for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'}, which quantizes "
-                         f"no gradient; use gradient_rounding='nearest' there (backward='quantized' needs dense "
-                         f"GEMMs with activation_scaling='tensor')")
+                         f"no gradient; use backward='quantized' or gradient_rounding='nearest'")
 
     def spec(choose: bool, block: str, scaling: str) -> OperandSpec:
         return OperandSpec("4/6" if choose else "6", block, scaling, recipe.scale_bound, recipe.err_mode)
@@ -136,8 +134,9 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
     quantized = backward == "quantized"
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
-    dy = (NVFP4_STOCHASTIC if recipe.stochastic else NVFP4) if quantized else None
-    return GemmPlan(key, backward, x, w, dy, x if quantized else None,
+    dy = NVFP4_STOCHASTIC if recipe.stochastic else NVFP4
+    dy = replace(dy, scaling="group") if grouped else dy  # grouped: one amax per token group
+    return GemmPlan(key, backward, x, w, dy if quantized else None, x if quantized else None,
                     w if quantized else None, recipe.quantizer, recipe.gemm)
 
 

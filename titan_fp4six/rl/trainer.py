@@ -19,7 +19,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from ..integration.checks import check_finite, nonfinite_allowed
+from ..integration.nonfinite import check_finite, nonfinite_allowed
 from ..train import check_before_training
 from . import grpo
 from .experts import ExpertWeightCache, cached_experts
@@ -180,6 +180,6 @@ class RLTrainer(Trainer):
             self.gc_handler.run(self.step)
             metrics = self.rl_step()
             self.log_step(metrics)
-            check_finite(self.step, metrics["loss"], metrics["grad_norm"], nonfinite_allowed(job_config))
+            check_finite(self.step, metrics["loss"], metrics["grad_norm"], nonfinite_allowed(job_config.training))
             self.checkpointer.save(self.step, last_step=(self.step == job_config.training.steps))
         logger.info("Training completed")

@@ -16,7 +16,7 @@ from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
-from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.config import ParallelismConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models import deepseek_v3, qwen3
@@ -24,7 +24,7 @@ from torchtitan.models.common.config_utils import decoder_vocab_size
 
 from .. import data
 from ..sections import FAMILY
-from .trainer import FourOverSixTrainer, ModelSection, QuantizedGroupedMM, QuantizedLinear, Quantize
+from .trainer import FourOverSixTrainer, ModelSection, QuantizedGroupedMM, QuantizedLinear, Quantize, Training
 from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -75,7 +75,7 @@ def from_recipe(name: str) -> FourOverSixTrainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(dataset=training.pop("dataset")),
         optimizer=default_adamw(**_take(opt, "optimizer", ("lr", "eps"))),
         lr_scheduler=LRSchedulersContainer.Config(**toml.pop("lr_scheduler")),
-        training=TrainingConfig(**training),
+        training=Training(**training),
         parallelism=ParallelismConfig(**toml.pop("parallelism")),
         checkpoint=CheckpointManager.Config(**toml.pop("checkpoint")),
         activation_checkpoint=None,

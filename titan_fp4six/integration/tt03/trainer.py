@@ -11,10 +11,13 @@ causal SDPA (tt03/cpu.py).
 
 from dataclasses import dataclass, field
 
+from torchtitan.config import TrainingConfig
 from torchtitan.trainer import Trainer
 
 from ...modules.weight_cache import invalidate_weight_caches
-from .. import rounding, rules
+from .. import rules
+from ..nonfinite import NonFiniteStop
+from ..rounding import RoundingSeedPerStep
 from . import cpu
 from ..sections import FAMILY
 from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
@@ -27,6 +30,12 @@ CONVERTERS = {f"quantize.linear.{FAMILY}": ("linear", FourOverSixLinearConverter
 class ModelSection:
     converters: list[str] = field(default_factory=list)
     """The plugin's converters to apply, in order: quantize.linear.four_over_six, quantize.grouped_mm.four_over_six."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Training(TrainingConfig):
+    allow_nonfinite: bool = False
+    """Train on past a step whose loss or grad norm is NaN or Inf (default: stop with an error naming the step)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,11 +86,13 @@ def check_config(config) -> None:
                              "must hold whole weights per rank; use expert_parallel_degree instead")
 
 
-class FourOverSixTrainer(Trainer):
-    """torchtitan 0.3's Trainer, converting the model config first; see the module docstring."""
+class FourOverSixTrainer(RoundingSeedPerStep, NonFiniteStop, Trainer):
+    """torchtitan 0.3's Trainer, converting the model config first and stopping at a non-finite loss or grad norm
+    (training.allow_nonfinite); see the module docstring."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        training: Training = field(default_factory=Training)
         model: ModelSection = field(default_factory=ModelSection)
         quantize: Quantize = field(default_factory=Quantize)
 
@@ -96,7 +107,6 @@ class FourOverSixTrainer(Trainer):
             spec.model = cfg.build().convert(spec.model)
         super().__init__(config)
         self.metrics_processor.job_config = config  # the MFU peak's compute dtype (metrics.compute_dtype)
-        rounding.start_step(config, 1)  # gradient rounding seeds; metrics sets them at the end of every step
         if any(cfg.cache_weights for name, cfg in sections(config).items() if name in config.model.converters):
             self.optimizers.register_step_post_hook(
                 lambda *_: [invalidate_weight_caches(part) for part in self.model_parts])
