@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,8 +18,8 @@ from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic, unpack_codes
 from titan_fp4six.numerics.philox import philox_randint
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
-from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_mm, quantize_linear_weight,
-                              set_rounding_seed)
+from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm,
+                              quantize_linear_weight, set_rounding_seed)
 from titan_fp4six.ops.recipe import KNOBS
 from titan_fp4six.ops.rounding import derive_seed
 
@@ -289,6 +290,8 @@ def test_config_sets_the_seeds_from_debug_seed_and_step():
     assert (GRADIENT_ROUNDING.seed, GRADIENT_ROUNDING.step, GRADIENT_ROUNDING.calls) == (11, 7, 0)
     rounding.start_step(job_config(), 2)  # debug.seed unset: 0
     assert (GRADIENT_ROUNDING.seed, GRADIENT_ROUNDING.step) == (0, 2)
+    job = job_config(f"--{GMM}.gradient_rounding", "stochastic", f"--{GMM}.backward", "quantized")
+    assert job.quantize.grouped_mm.four_over_six.recipe().plan(grouped=True).dy.rounding == "stochastic"
 
 
 # ---- GPU (skipped without CUDA) ------------------------------------------------------------------------------------
@@ -409,3 +412,57 @@ def test_fidelity_metrics_of_a_stochastic_recipe():
     assert sr["mse_dy/four_over_six"] > 1.2 * near["mse_dy/four_over_six"]
     assert sr["high_precision_dx_cos/four_over_six"] == near["high_precision_dx_cos/four_over_six"]
     assert 0.9 < sr["quantized_dx_cos/four_over_six"] < near["dequantized_dx_cos/four_over_six"]
+
+
+# ---- the quantized backward's other layouts (row-scaled dense, grouped) --------------------------------------------
+
+@pytest.mark.parametrize("scaling", ("tensor", "row"))
+def test_dense_stochastic_equals_reference_composition(scaling):
+    """The dense op's stochastic dx and dW equal the reference composition of tests/helpers/backward_oracle.py
+    with dy rounded by the seeds the op drew (call 0: dy for dgrad, call 1: the zero-padded dy^T for wgrad):
+    the random bits follow the element index of the matrix as quantized (numerics.md section 11)."""
+    from tests.helpers.backward_oracle import dense_backward, narrow_data
+
+    recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, gradient_rounding="stochastic")
+    x, w, dy = narrow_data((37, 64), 1, 4.0), narrow_data((48, 64), 2, 0.1), narrow_data((37, 48), 3, 0.5)
+    dx, dw = _grads(x, w, dy, recipe, 13, step=5)
+    seeds = (derive_seed(13, 5, 0, 0), derive_seed(13, 5, 0, 1))
+    want_dx, want_dw = dense_backward(x, w, dy, recipe, seeds)
+    assert torch.equal(dx, want_dx) and torch.equal(dw, want_dw)
+    near_dx, _ = dense_backward(x, w, dy, replace(recipe, gradient_rounding="nearest"))
+    assert not torch.equal(dx, near_dx)
+
+
+def _grouped_case():
+    g = torch.Generator().manual_seed(4)
+    offs = torch.tensor([20, 20, 52, 64], dtype=torch.int32)
+    A = torch.randn(70, 32, generator=g).to(torch.bfloat16)
+    W = (torch.randn(4, 48, 32, generator=g) * 0.1).to(torch.bfloat16)
+    dy = torch.randn(70, 48, generator=g).to(torch.bfloat16)
+    return A, W, offs, dy
+
+
+def _grouped_grads(A, W, offs, dy, recipe, seed):
+    A, W = A.clone().requires_grad_(), W.clone().requires_grad_()
+    set_rounding_seed(seed, 1)
+    four_over_six_grouped_mm(A, W.transpose(-2, -1), offs, recipe=recipe).backward(dy)
+    return A.grad, W.grad
+
+
+def test_grouped_stochastic_backward_is_reproducible_seeded_and_unbiased():
+    """backward='quantized' on a grouped GEMM: dy rounds stochastically in dgrad and in the wgrad's token blocks
+    (two seeds per backward); same seed -> same bytes, another seed -> other dA and dW; the mean dA over 32 seeds
+    is much closer than round-to-nearest's to dy x deq(W) (the dequantized backward, whose dy is exact)."""
+    A, W, offs, dy = _grouped_case()
+    r = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic")
+    da1, dw1 = _grouped_grads(A, W, offs, dy, r, 1)
+    assert GRADIENT_ROUNDING.calls == 2
+    da2, dw2 = _grouped_grads(A, W, offs, dy, r, 1)
+    assert torch.equal(da1, da2) and torch.equal(dw1, dw2)
+    da3, dw3 = _grouped_grads(A, W, offs, dy, r, 2)
+    assert not torch.equal(da1, da3) and not torch.equal(dw1, dw3)
+    assert not da1[64:].any() and not dw1[1].any()  # rows past offs[-1], the empty group
+    exact = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="dequantized"), 0)[0][:64].double()
+    nearest = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized"), 0)[0][:64].double()
+    mean = torch.stack([_grouped_grads(A, W, offs, dy, r, s)[0][:64].double() for s in range(32)]).mean(0)
+    assert (mean - exact).norm() < 0.5 * (nearest - exact).norm()

@@ -47,12 +47,12 @@ def factor(amax: torch.Tensor, bound: int) -> torch.Tensor:
 
 
 def decode(x: torch.Tensor, amax: torch.Tensor, candidates: str, block: str = "1x16", err_mode: str = "mse",
-           bound: int = NVFP4_BOUND) -> torch.Tensor:
+           bound: int = NVFP4_BOUND, seed: int | None = None) -> torch.Tensor:
     """The block-scaled decode (FP32, exact) of x quantized by the reference: candidates 'nvfp4', '4/6' or '6';
-    amax () or one per row."""
+    amax () or one per row; seed: 'nvfp4' rounded stochastically with it (docs/numerics.md section 11)."""
     x = x.contiguous()
     if candidates == "nvfp4":
-        codes, scales = ref.nvfp4_reference(x, amax)
+        codes, scales = ref.nvfp4_reference(x, amax, seed)
     else:
         codes, scales, _ = ref.four_over_six_reference(x, amax, block, err_mode, bound, candidates == "4/6")
     return ref.decode_block_scaled_reference(codes, scales, torch.float32)
@@ -93,14 +93,15 @@ def _x_t(x: torch.Tensor, recipe, x_cand: str, row_scaled: bool) -> tuple[torch.
     return decode(_pad_rows(x).t(), amax, x_cand, "1x16", recipe.err_mode, recipe.scale_bound), amax
 
 
-def dense_backward(x, w, dy, recipe):
-    """(dx, dw) of the dense quantized backward (recipe: backward 'quantized'; x (M, K), w (N, K), dy (M, N))."""
+def dense_backward(x, w, dy, recipe, seeds=(None, None)):
+    """(dx, dw) of the dense quantized backward (recipe: backward 'quantized'; x (M, K), w (N, K), dy (M, N));
+    seeds: dy's and dy^T's stochastic rounding seeds (gradient_rounding='stochastic')."""
     x_cand, w_cand = _specs(recipe)
     row = recipe.activation_scaling == "row"
     dy_amax, w_amax = _amax(dy), _amax(w)
-    dx = exact_mm(decode(dy, dy_amax, "nvfp4"), _w_t(w, recipe, w_cand))
+    dx = exact_mm(decode(dy, dy_amax, "nvfp4", seed=seeds[0]), _w_t(w, recipe, w_cand))
     dx = (dx * (factor(dy_amax, NVFP4_BOUND) * factor(w_amax, recipe.scale_bound))).to(x.dtype)
-    dy_t = decode(_pad_rows(dy).t(), dy_amax, "nvfp4")
+    dy_t = decode(_pad_rows(dy).t(), dy_amax, "nvfp4", seed=seeds[1])
     x_t, x_amax = _x_t(x, recipe, x_cand, row)
     f = factor(dy_amax, NVFP4_BOUND) * factor(x_amax, recipe.scale_bound)  # () or per column of dW
     return dx, (exact_mm(dy_t, x_t.t()) * f).to(w.dtype)
