@@ -466,3 +466,17 @@ def test_grouped_stochastic_backward_is_reproducible_seeded_and_unbiased():
     nearest = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized"), 0)[0][:64].double()
     mean = torch.stack([_grouped_grads(A, W, offs, dy, r, s)[0][:64].double() for s in range(32)]).mean(0)
     assert (mean - exact).norm() < 0.5 * (nearest - exact).norm()
+
+
+@cuda
+@pytest.mark.gpu
+def test_gpu_grouped_stochastic_backward_triton_equals_reference_quantizer():
+    """The grouped quantized backward with stochastic dy: Triton quantizers (per-group amax rows, token blocks) and
+    the reference give bitwise the same dA and dW on the GPU for the same seed."""
+    A, W, offs, dy = (t.cuda() for t in _grouped_case())
+    got = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic",
+                                                           quantizer="triton"), 3)
+    want = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic",
+                                                            quantizer="reference"), 3)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

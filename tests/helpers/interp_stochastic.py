@@ -76,6 +76,22 @@ def quantizer(report):
         report(f"nearest/{label}", same_bytes(c, want_c) and same_bytes(s, want_s))
 
 
+def row_groups(report):
+    """Amaxes the quantizer reads per row (the grouped backward's dy: one amax per token group, garbage past
+    offs[-1]; one per row; one per run of rows) with stochastic rounding."""
+    from tests.helpers.operand_cases import row_groups_cases
+
+    gen = torch.Generator().manual_seed(8)
+    for label, x, amax, groups, block in row_groups_cases(gen, "cpu", rows=21, cols=32, dtypes=(torch.bfloat16, )):
+        if block != "1x16":
+            continue
+        seed = 2 ** 33 + 17
+        want_c, want_s = reference.nvfp4_reference(x, reference.amax_per_row(amax, x.shape[0], groups), seed)
+        c, s, _, dec = kq.quantize(x, amax, NVFP4_STOCHASTIC, decode=True, groups=groups, seed=seed)
+        report(f"row_groups/{label}", same_bytes(c, want_c) and same_bytes(s, want_s)
+               and same_bytes(dec, reference.decode_block_scaled_reference(want_c, want_s)))
+
+
 def main():
     configs, mismatches = 0, 0
 
@@ -88,6 +104,7 @@ def main():
 
     philox(report)
     quantizer(report)
+    row_groups(report)
     print(f"configs {configs} mismatches {mismatches}")
     raise SystemExit(1 if mismatches else 0)
 
