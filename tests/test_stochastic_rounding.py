@@ -480,3 +480,29 @@ def test_gpu_grouped_stochastic_backward_triton_equals_reference_quantizer():
                                                             quantizer="reference"), 3)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_trainer_mixin_sets_each_steps_seeds_before_the_step():
+    """RoundingSeedPerStep (over the launchers' trainers, torchtitan 0.2: job_config, 0.3: config): the step's
+    seeds are set, call index 0, before torchtitan's train_step runs."""
+    from types import SimpleNamespace
+
+    from titan_fp4six.integration.rounding import RoundingSeedPerStep
+
+    seen = []
+
+    class Base:
+        def train_step(self, data_iterator):
+            seen.append((GRADIENT_ROUNDING.seed, GRADIENT_ROUNDING.step, GRADIENT_ROUNDING.calls))
+
+    class Trainer02(RoundingSeedPerStep, Base):
+        job_config, step = SimpleNamespace(debug=SimpleNamespace(seed=5)), 12
+
+    class Trainer03(RoundingSeedPerStep, Base):
+        config, step = SimpleNamespace(debug=SimpleNamespace(seed=None)), 4
+
+    GRADIENT_ROUNDING.next()
+    Trainer02().train_step(None)
+    GRADIENT_ROUNDING.next()
+    Trainer03().train_step(None)
+    assert seen == [(5, 12, 0), (0, 4, 0)]
