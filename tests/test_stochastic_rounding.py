@@ -15,7 +15,7 @@ import torch
 
 from titan_fp4six.dispatch import nvfp4_dequantize, tensor_amax
 from titan_fp4six.numerics import reference
-from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic, unpack_codes
+from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic
 from titan_fp4six.numerics.philox import philox_randint
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
 from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm,
