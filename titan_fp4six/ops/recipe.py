@@ -38,6 +38,10 @@ class FourOverSixRecipe:
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
                           "row-scaled activations and routed experts).")
+    wgrad_rht: bool = _knob(False, (False, True), "16-point randomized Hadamard transform (TransformerEngine's "
+                            "sign vector) of both weight-gradient GEMM operands, x^T and dy^T, along the tokens "
+                            "before their amax and quantization (docs/numerics.md section 11); needs the quantized "
+                            "backward.")
     scope: str = _knob("all", SCOPES, "Operands that choose between the two candidates: 'all', 'weights', "
                        "'activations' or 'none' (the others keep the map-to-6 candidate; 'none' with "
                        "scale_bound=448 is plain NVFP4, docs/numerics.md).")
@@ -59,8 +63,7 @@ class FourOverSixRecipe:
         # takes a lock, which torch.compile cannot trace). A grouped plan is None where none is defined.
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
-        object.__setattr__(self, "_grouped_plan",
-                           None if self.backward == "quantized" else resolve_plan(self, grouped=True))
+        object.__setattr__(self, "_grouped_plan", _plan_or_none(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
@@ -77,8 +80,8 @@ class FourOverSixRecipe:
 @dataclass(frozen=True)
 class GemmPlan:
     """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
-    implementation knobs. dy, x_t, w_t: the quantized backward's operands (gradient, x^T, W^T; None in the
-    other modes); a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
+    implementation knobs. dy, x_t, w_t, dy_t: the quantized backward's operands (gradient, x^T, W^T, dy^T; None
+    in the other modes; x_t and dy_t, the weight-gradient GEMM's, carry transform 'rht16' with wgrad_rht); a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
     again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
 
     key: str
@@ -88,6 +91,7 @@ class GemmPlan:
     dy: OperandSpec | None
     x_t: OperandSpec | None
     w_t: OperandSpec | None
+    dy_t: OperandSpec | None
     quantizer: str
     gemm: str
 
@@ -114,9 +118,26 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     x = spec(recipe.scope in ("all", "activations"), "1x16", "row" if row else "group" if grouped else "tensor")
     w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
     quantized = backward == "quantized"
+    if recipe.wgrad_rht and not quantized:
+        resolved = f" (resolved to {backward!r})" if backward != recipe.backward else ""
+        raise ValueError(f"FourOverSixRecipe.wgrad_rht=True transforms the quantized backward's weight-gradient "
+                         f"operands, but FourOverSixRecipe.backward={recipe.backward!r}{resolved} quantizes no "
+                         f"gradient of {'grouped' if grouped else 'dense'} GEMMs; use backward='quantized' or "
+                         "wgrad_rht=False")
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
-    return GemmPlan(key, backward, x, w, NVFP4 if quantized else None, x if quantized else None,
-                    w if quantized else None, recipe.quantizer, recipe.gemm)
+    if not quantized:
+        return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm)
+    rht = "rht16" if recipe.wgrad_rht else "none"
+    return GemmPlan(key, backward, x, w, NVFP4, replace(x, transform=rht), w, replace(NVFP4, transform=rht),
+                    recipe.quantizer, recipe.gemm)
+
+
+def _plan_or_none(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan | None:
+    """resolve_plan, or None where it raises (FourOverSixRecipe.plan calls it again then, to raise)."""
+    try:
+        return resolve_plan(recipe, grouped)
+    except ValueError:
+        return None
 
 
 KNOBS = tuple(fields(FourOverSixRecipe))
@@ -128,4 +149,9 @@ def plan_from_key(key: str, grouped: bool) -> GemmPlan:
     """Inverse of GemmPlan.key, called only inside the custom ops' bodies (cached: each distinct key is parsed
     once)."""
     values = key.split(",")
-    return FourOverSixRecipe(**{f.name: f.type(v) for f, v in zip(KNOBS, values)}).plan(grouped)
+    return FourOverSixRecipe(**{f.name: _parse(f.type, v) for f, v in zip(KNOBS, values)}).plan(grouped)
+
+
+def _parse(kind: type, text: str):
+    """A knob's value from its str() in the key (bool("False") would be True)."""
+    return text == "True" if kind is bool else kind(text)
