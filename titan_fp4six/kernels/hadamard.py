@@ -2,10 +2,10 @@
 numerics/hadamard.py (docs/numerics.md section 11).
 
 One program transforms 16 rows x BLOCK_K columns: each thread holds its column's 16 elements as a tuple of FP32
-values (converted exactly from the input's bits), applies the signs, the four butterfly stages h = 1, 2, 4, 8 in
-the spec's order (separately rounded FP32 adds), the exact multiply by 0.25, and rounds to the input dtype
-(bf16 by its bits, to nearest even; NaN as 0x7FC0). Rows at or past M read as the zero rows that pad x to a
-multiple of 16. The columnwise quantizer then reads the result in place (dispatch/quantize.py).
+values (converted exactly from the input's bits), multiplies them by +-0.25 (the sign times 1/sqrt(16)), runs the
+four butterfly stages h = 1, 2, 4, 8 in the spec's order (separately rounded FP32 adds), makes a zero +0 and rounds
+to the input dtype (bf16 by its bits, to nearest even; NaN as 0x7FC0). Rows at or past M read as the zero rows
+that pad x to a multiple of 16. The columnwise quantizer then reads the result in place (dispatch/quantize.py).
 """
 
 import torch
@@ -56,7 +56,8 @@ def _rht16_columns_kernel(x_ptr, out_ptr, M, K, stride, KIND: tl.constexpr, NEG:
         row = row0 + i
         # the row test as a tensor: Triton's interpreter cannot combine a scalar bool with a tensor
         v = _load_f32(x_ptr, row.to(tl.int64) * stride + cols, in_cols & (tl.zeros_like(cols) + row < M), KIND)
-        if (NEG >> i) & 1:
+        v = v * 0.25
+        if (NEG >> i) & 1:  # -(v * 0.25) is v * -0.25: rounding to nearest is symmetric
             v = -v
         ys = ys + (v, )
     for s in tl.static_range(4):
@@ -69,7 +70,7 @@ def _rht16_columns_kernel(x_ptr, out_ptr, M, K, stride, KIND: tl.constexpr, NEG:
         ys = nys
     for i in tl.static_range(16):
         row = (row0 + i).to(tl.int64)
-        _store_from_f32(out_ptr, row * K + cols, ys[i] * 0.25, in_cols, KIND)
+        _store_from_f32(out_ptr, row * K + cols, tl.where(ys[i] == 0.0, 0.0, ys[i]), in_cols, KIND)  # -0 -> +0
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
