@@ -29,15 +29,16 @@ def te_rht_columns(x: torch.Tensor) -> torch.Tensor:
 
 
 def exact_blocks(blocks: torch.Tensor) -> torch.Tensor:
-    """Per 16-element block (last dim) of bf16 or fp16 values: whether every FP32 sum of any of its elements
-    (times +-1) is exact, by the sufficient condition e_max - e_min <= 24 - (p + 4) over the block's non-zero
-    elements (p = 8 significant bits for bf16, 11 for fp16; e = floor(log2 |x|), at least the format's smallest
-    normal exponent; subnormals share its quantum). Blocks without non-zero elements, and with non-finite ones,
-    count as exact (no rounding happens in the sums or NaN/Inf propagate the same)."""
+    """Per 16-element block (last dim) of bf16 or fp16 values: whether every FP32 sum of any of its terms
+    +-x_i/4 is exact, by the sufficient condition e_max - e_min <= 24 - (p + 4) and e_max <= 125 over the
+    block's non-zero elements (p = 8 significant bits for bf16, 11 for fp16; e = floor(log2 |x|), at least the
+    format's smallest normal exponent, whose quantum subnormals share): the terms are multiples of
+    2^(e_min - p - 1) below 2^(e_max - 1) in magnitude, so every partial sum is a multiple below 2^(e_max + 3).
+    Blocks of zeros count as exact; blocks with a NaN or an Inf are left to the edge tests."""
     p, emin = (8, -126) if blocks.dtype == torch.bfloat16 else (11, -14)
     a = blocks.float().abs()
     nz = (a > 0) & torch.isfinite(a)
     e = torch.where(nz, torch.floor(torch.log2(torch.where(nz, a, 1.0))).clamp(min=emin), 0.0)
     e_max = torch.where(nz, e, -1e9).amax(-1)
     e_min = torch.where(nz, e, 1e9).amin(-1)
-    return ~nz.any(-1) | (e_max - e_min <= 24 - (p + 4)) | ~torch.isfinite(blocks.float()).all(-1)
+    return ~nz.any(-1) | ((e_max - e_min <= 24 - (p + 4)) & (e_max <= 125))
