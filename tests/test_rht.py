@@ -294,3 +294,18 @@ def test_gpu_dense_op_triton_equals_reference():
     grads = [_grads(x, w, dy, FourOverSixRecipe(backward="quantized", wgrad_rht=True, quantizer=q))
              for q in ("triton", "reference")]
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][0], grads[1][0])
+
+
+def test_fidelity_metrics_of_a_wgrad_rht_recipe():
+    """The per-GEMM metrics run every backward mode (wgrad_rht only with the quantized one) and measure x^T and
+    dy^T in the transformed domain, with the transformed tensors' own amaxes."""
+    from titan_fp4six.modules import fidelity as fid
+
+    x, w, dy = (t.float() for t in _data(64, 64, 32, seed=8))
+    recipe = FourOverSixRecipe(backward="quantized", wgrad_rht=True)
+    metrics = fid.gemm_fidelity(fid.GemmCase("c", x, w, dy, recipe))
+    assert metrics["quantized_dw_cos/four_over_six"] > 0.98
+    plain = fid.operand_errors(fid.GemmCase("c", x, w, dy, FourOverSixRecipe()), FourOverSixRecipe())
+    rotated = fid.operand_errors(fid.GemmCase("c", x, w, dy, recipe), recipe)
+    assert rotated["mse_x"] == plain["mse_x"] and rotated["mse_xT"] != plain["mse_xT"]
+    assert 0 < rotated["mse_xT"] < 0.05 and 0 < rotated["mse_dyT"] < 0.05
