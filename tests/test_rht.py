@@ -277,15 +277,15 @@ def test_gpu_kernel_matches_reference(dtype):
 @cuda
 @pytest.mark.parametrize("name", REALISTIC)
 def test_gpu_kernel_equals_transformer_engine_formula_on_the_gpu(name):
-    """TE's formula with cuBLAS's bf16 matmul on the GPU against the kernel: bitwise on exact blocks (and on these
-    distributions everywhere but a rare element, one ulp)."""
+    """TE's formula with cuBLAS's bf16 matmul on the GPU against the kernel: bitwise on exact blocks, and on these
+    distributions on all but a rare element (on the CPU: none)."""
     from titan_fp4six.kernels.hadamard import rht16_columns
 
     x = realistic(name, 1 << 20, torch.Generator().manual_seed(13)).bfloat16().view(-1, 1024).cuda()
     got, want = rht16_columns(x).cpu(), te_rht_columns(x).cpu()
     exact = exact_blocks(x.cpu().t().contiguous().view(-1, 16)).view(1024, -1).t().repeat_interleave(16, 0)
     assert same_bits(got[exact], want[exact])
-    assert (_ulps(got, want) <= 1).all()
+    assert (got.view(torch.int16) != want.view(torch.int16)).float().mean() < 1e-4
 
 
 @cuda
@@ -309,3 +309,40 @@ def test_fidelity_metrics_of_a_wgrad_rht_recipe():
     rotated = fid.operand_errors(fid.GemmCase("c", x, w, dy, recipe), recipe)
     assert rotated["mse_x"] == plain["mse_x"] and rotated["mse_xT"] != plain["mse_xT"]
     assert 0 < rotated["mse_xT"] < 0.05 and 0 < rotated["mse_dyT"] < 0.05
+
+
+def test_compiled_equals_eager_with_wgrad_rht():
+    """The transform runs inside the dense backward's custom op: torch.compile(fullgraph=True) gives eager's bytes."""
+    from titan_fp4six import four_over_six_linear
+
+    recipe = FourOverSixRecipe(wgrad_rht=True)
+    x, w, dy = _data(40, seed=9)
+
+    def step(fn):
+        xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(xl, wl).backward(dy)
+        return xl.grad, wl.grad
+
+    def f(a, b):
+        return four_over_six_linear(a, b, recipe=recipe)
+
+    torch._dynamo.reset()
+    eager, compiled = step(f), step(torch.compile(f, fullgraph=True))
+    assert all(torch.equal(e, c) for e, c in zip(eager, compiled))
+
+
+def test_wgrad_rht_false_keeps_the_untransformed_bytes():
+    """wgrad_rht=False: dW is the columnwise NVFP4 dy^T (dy's amax) times the columnwise 4/6 x^T (the forward's
+    amax), the quantized backward as it was before the knob existed."""
+    from titan_fp4six.dispatch.backend import backends_for
+    from titan_fp4six.ops.gemm import gemm_nt
+    from titan_fp4six.ops.operands import quantize_columnwise
+
+    x, w, dy = _data(72, seed=10)
+    recipe = FourOverSixRecipe(backward="quantized")
+    _, dw = _grads(x, w, dy, recipe)
+    p, b = recipe.plan(grouped=False), backends_for("auto", "auto", x.device)
+    dy_amax, x_amax = dy.abs().amax().float(), x.abs().amax().float()
+    want = gemm_nt(quantize_columnwise(dy, dy_amax, NVFP4, b), dy_amax, 448, quantize_columnwise(x, x_amax, p.x, b),
+                   x_amax, p.x.scale_bound, w.dtype, b)
+    assert torch.equal(dw, want)
