@@ -72,10 +72,10 @@ def test_equals_transformer_engine_on_realistic_data(name, dtype):
 
 
 def test_wide_blocks_differ_from_the_matmul_only_by_fp32_rounding(dtype=torch.bfloat16):
-    """bf16 (TE's RHT takes bf16 only): blocks whose exponents span more than 12 binades may round a sum in FP32; the project's rule is the
-    fixed butterfly order, TE's the matmul's. Measured: bitwise equal on every exact block; elsewhere a rare
-    element differs, by the FP32 roundings of the sums (relative to the block's sum of |x|/4, where large terms
-    cancel) plus one rounding to the output dtype."""
+    """bf16 (TE's RHT takes bf16 only): blocks whose exponents span more than 12 binades may round a sum in FP32;
+    the project's rule is the fixed butterfly order, TE's the matmul's. Measured: bitwise equal on every exact
+    block; elsewhere a rare element differs, by the FP32 roundings of the sums (relative to the block's sum of
+    |x|/4, where large terms cancel) plus one rounding to the output dtype."""
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(1 << 16, generator=g).sign() * torch.exp(6 * torch.randn(1 << 16, generator=g)))
     x = x.clamp(-6e4, 6e4).to(dtype).view(-1, 16)
@@ -148,8 +148,8 @@ def test_spec_transform_values():
 
 def test_transformed_operand_has_the_transformed_amax():
     x = torch.randn(40, 32, generator=torch.Generator().manual_seed(2)).bfloat16()
-    codes, scales, amax, dec = run_transformed_columnwise(x, NVFP4.__class__(candidates="nvfp4", scale_bound=448,
-                                                                             transform="rht16"), "reference", True)
+    spec = OperandSpec(candidates="nvfp4", scale_bound=448, transform="rht16")
+    codes, scales, amax, dec = run_transformed_columnwise(x, spec, "reference", True)
     assert codes.shape == (32, 24) and scales.shape == (32, 3) and dec.shape == (32, 48)
     assert torch.equal(amax, rht16_columns_reference(x).abs().amax().float())
 

@@ -10,8 +10,8 @@ from tests.helpers.rht_cases import edge_matrix, same_bits
 from titan_fp4six.kernels import hadamard as kh
 from titan_fp4six.kernels import quantize as kq
 from titan_fp4six.numerics.hadamard import rht16_columns_reference
-from titan_fp4six.numerics.reference import tensor_amax_reference
-from titan_fp4six.numerics.spec import NVFP4, OperandSpec
+from titan_fp4six.numerics.reference import four_over_six_reference, nvfp4_reference, tensor_amax_reference
+from titan_fp4six.numerics.spec import OperandSpec
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -48,10 +48,8 @@ def main() -> int:
             t_ref = rht16_columns_reference(x)
             xt = t_ref.t().contiguous()
             if spec.candidates == "nvfp4":
-                from titan_fp4six.numerics.reference import nvfp4_reference
                 rc, rs = nvfp4_reference(xt, tensor_amax_reference(t_ref))
             else:
-                from titan_fp4six.numerics.reference import four_over_six_reference
                 rc, rs, _ = four_over_six_reference(xt, tensor_amax_reference(t_ref), spec.block, spec.err_mode,
                                                     spec.scale_bound, spec.choose)
             if not (torch.equal(codes, rc) and torch.equal(scales.view(torch.uint8), rs.view(torch.uint8))):

@@ -82,7 +82,8 @@ class GemmPlan:
     """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
     implementation knobs. dy, x_t, w_t, dy_t: the quantized backward's operands (gradient, x^T, W^T, dy^T; None
     in the other modes; x_t and dy_t, the weight-gradient GEMM's, carry transform 'rht16' with wgrad_rht); a
-    16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
+    16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized again. key: the
+    resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
 
     key: str
     backward: str
