@@ -128,8 +128,8 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
     if not quantized:
         return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm)
-    rht = "rht16" if recipe.wgrad_rht else "none"
-    return GemmPlan(key, backward, x, w, NVFP4, replace(x, transform=rht), w, replace(NVFP4, transform=rht),
+    dy, rht = NVFP4, "rht16" if recipe.wgrad_rht else "none"  # x_t and dy_t: the wgrad GEMM's operands
+    return GemmPlan(key, backward, x, w, dy, replace(x, transform=rht), w, replace(dy, transform=rht),
                     recipe.quantizer, recipe.gemm)
 
 
