@@ -244,6 +244,9 @@ def test_toml_knob_loads_and_validates(tmp_path):
                         f"{section_lines}\n")
         return ConfigManager().parse_args(["--job.config_file", str(toml)])
 
+    from tests.helpers.integration_helpers import job_config
+
+    assert job_config("--quantize.linear.four_over_six.wgrad_rht").quantize.linear.four_over_six.wgrad_rht is True
     job = load("[quantize.linear.four_over_six]\nwgrad_rht = true")
     section = job.quantize.linear.four_over_six
     assert section.wgrad_rht is True and section.recipe() == FourOverSixRecipe(backward="quantized", wgrad_rht=True)
@@ -346,3 +349,29 @@ def test_wgrad_rht_false_keeps_the_untransformed_bytes():
     want = gemm_nt(quantize_columnwise(dy, dy_amax, NVFP4, b), dy_amax, 448, quantize_columnwise(x, x_amax, p.x, b),
                    x_amax, p.x.scale_bound, w.dtype, b)
     assert torch.equal(dw, want)
+
+
+def test_a_small_mlp_trains_with_wgrad_rht():
+    """quantize_ with FourOverSixTrainingConfig(wgrad_rht=True): the loss falls as with wgrad_rht=False."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+
+    from titan_fp4six import FourOverSixTrainingConfig, quantizable_linear
+
+    g = torch.Generator().manual_seed(12)
+    data, target_w = torch.randn(256, 64, generator=g), torch.randn(64, 32, generator=g) / 8
+    targets = data @ target_w
+    losses = {}
+    for rht in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+        quantize_(model, FourOverSixTrainingConfig(backward="quantized", wgrad_rht=rht), filter_fn=quantizable_linear)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(40):
+            loss = torch.nn.functional.mse_loss(model(data), targets)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses[rht] = loss.item()
+    assert losses[True] < 0.3 * targets.pow(2).mean().item()
+    assert losses[True] == pytest.approx(losses[False], rel=0.3)
