@@ -132,6 +132,32 @@ def test_kernel_matches_reference_under_the_interpreter():
     assert int(summary[0].split()[1]) >= 30
 
 
+@pytest.mark.parametrize("kind, pointer", [(0, "*i32"), (1, "*i16"), (2, "*i16")])
+def test_kernel_code_rounds_every_operation_on_its_own(kind, pointer):
+    """Compiled ahead of time for Hopper (sm_90) on the CPU (fp32, bf16, fp16 input): the PTX's FP32 arithmetic is
+    the 16 multiplies by +-0.25 and the butterfly's 64 adds and subtracts (a negation folds into them exactly),
+    each .rn, none flushing subnormals (.ftz), no FMA."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from titan_fp4six.kernels.hadamard import _NEG_MASK, BLOCK_K, _rht16_columns_kernel
+
+    constexprs = dict(KIND=kind, NEG=_NEG_MASK, BK=BLOCK_K)
+    signature = {"x_ptr": pointer, "out_ptr": pointer, "M": "i32", "K": "i32", "stride": "i32",
+                 **{k: "constexpr" for k in constexprs}}
+    try:
+        compiled = triton.compile(ASTSource(fn=_rht16_columns_kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
+        pytest.skip(f"cannot compile for sm_90 here: {exc}")
+    ops = re.findall(r"\b(?:add|sub|mul|fma|div)\.[\w.]*f32\b", compiled.asm["ptx"])
+    assert sorted(set(ops)) == ["add.rn.f32", "mul.rn.f32", "sub.rn.f32"]
+    assert ops.count("mul.rn.f32") == 16 and len(ops) == 16 + 64
+
+
 # ---- spec, plan, recipe ----
 
 def test_spec_transform_values():

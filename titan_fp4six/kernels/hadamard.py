@@ -24,11 +24,14 @@ _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 def _load_f32(ptr, offs, mask, KIND: tl.constexpr):
     """FP32 (exact) of the elements at offs: fp32 words (KIND 0), bf16 (1) or fp16 (2) halves; masked: +0."""
     w = tl.load(ptr + offs, mask=mask, other=0)
+    # one branch per kind, no early return: Triton compiles the statements after a constexpr branch's return too
     if KIND == 0:
-        return w.to(tl.float32, bitcast=True)
-    if KIND == 1:
-        return (w.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    return w.to(tl.float16, bitcast=True).to(tl.float32)
+        v = w.to(tl.float32, bitcast=True)
+    elif KIND == 1:
+        v = (w.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        v = w.to(tl.float16, bitcast=True).to(tl.float32)
+    return v
 
 
 @triton.jit
