@@ -27,8 +27,7 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     check_amax runs the public amax check (the kernel asserts it in its own read of x). map4 (four-over-six
     specs): True returns the map-to-4 mask, False none, a formats.map4_count_buffer gets the counts added
     instead (the kernel counts in its own pass: no mask, no reduction launch)."""
-    if spec.transform != "none":  # the transform changes the amax too: run_transformed_columnwise
-        raise ValueError(f"run_quantize takes untransformed specs; got transform={spec.transform!r}")
+    _check_untransformed(spec, "run_quantize")
     kernels = kernels_for(x, quantizer, "quantize")
     if check_amax and (kernels is None or not x.numel()):  # the kernel checks in its read of x; none launches if empty
         check_amax_covers(x, amax)
@@ -47,6 +46,13 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     return codes, scales, (mask if map4 is True else None), dec
 
 
+def _check_untransformed(spec: OperandSpec, name: str) -> None:
+    """A spec with a transform changes the amax too: run_transformed_columnwise quantizes it."""
+    if spec.transform != "none":
+        raise ValueError(f"{name} takes untransformed specs; got transform={spec.transform!r} (use "
+                         "run_transformed_columnwise)")
+
+
 def padded_transpose(x: torch.Tensor) -> torch.Tensor:
     """x (M, K) -> x^T (K, ceil16(M)) with zero columns appended: zeros are transparent to the quantizers (they
     never raise a block amax, encode exactly and add +0 to both candidates' errors)."""
@@ -59,6 +65,7 @@ def run_quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSp
     """x^T for a 2-D x (M, K) with a per-tensor amax quantized by a 1x16 `spec`, blocked along M: as run_quantize,
     of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes the zero-padded transpose
     (same bytes)."""
+    _check_untransformed(spec, "run_quantize_columnwise")
     if amax.dim() == 0:
         kernels = kernels_for(x, quantizer, "quantize", check="eligible_columnwise")
         if kernels is not None:

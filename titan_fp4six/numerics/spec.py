@@ -58,6 +58,7 @@ class OperandSpec:
 _VALID = {"candidates": CANDIDATES, "block": BLOCKS, "scaling": SCALINGS, "scale_bound": SCALE_BOUNDS,
           "err_mode": ERR_MODES, "rounding": ROUNDINGS, "transform": TRANSFORMS}
 
+
 @functools.cache
 def _untransformed(spec: OperandSpec) -> OperandSpec:
     return spec if spec.transform == "none" else replace(spec, transform="none")

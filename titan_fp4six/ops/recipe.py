@@ -102,8 +102,8 @@ class GemmPlan:
 
 
 def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
-    """The one place that reads `scope`, `weight_block`, `activation_scaling` and `backward`: the spec of every
-    operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
+    """The one place that reads `scope`, `weight_block`, `activation_scaling`, `backward` and `wgrad_rht`: the spec
+    of every operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
     high_precision for row-scaled activations and routed experts)."""
     if grouped and recipe.backward == "quantized":
         raise ValueError("FourOverSixRecipe.backward='quantized' is not defined for grouped (MoE) GEMMs; "
