@@ -17,6 +17,10 @@ DECODE_BIG_AMAX = 2.0 ** 119
 """From this amax on, f32(sf) * amax (|sf| <= 448 < 2^9) may overflow FP32, so the decode rescales it by
 DECODE_RESCALE (docs/numerics.md, Decoding)."""
 DECODE_RESCALE = 2.0 ** 64
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+"""The fixed sign vector of the 16-point randomized Hadamard transform (transform 'rht16', docs/numerics.md
+section 11): element i of a block is multiplied by RHT_SIGNS[i] before the Hadamard butterfly. TransformerEngine's
+wgrad sign vector, so the transform equals its reference implementation's."""
 NAN_CODE = 0x3
 """The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
 device's arithmetic, so the stored byte must not."""

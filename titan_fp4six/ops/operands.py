@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch.backend import Backends
-from ..dispatch.quantize import run_decode_block_scaled, run_quantize, run_quantize_columnwise
+from ..dispatch.quantize import (run_decode_block_scaled, run_quantize, run_quantize_columnwise,
+                                 run_transformed_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from ..numerics.reference import RowGroups
 from ..numerics.spec import OperandSpec
@@ -51,6 +52,17 @@ def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, 
     codes, scales, _, decoded = run_quantize_columnwise(x, amax, spec, backends.quantizer, not backends.fp4,
                                                         map4=False)
     return Operand(codes, scales, decoded)
+
+
+def quantize_columnwise_operand(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec,
+                                backends: Backends) -> tuple[Operand, torch.Tensor]:
+    """(operand of x^T, its amax) as quantize_columnwise for a spec without a transform (amax is x's); with
+    spec.transform ('rht16') x^T's blocks are transformed first and the amax is the transformed tensor's, computed
+    here (the forward's amax is not used)."""
+    if spec.transform == "none":
+        return quantize_columnwise(x, amax, spec, backends), amax
+    codes, scales, t_amax, decoded = run_transformed_columnwise(x, spec, backends.quantizer, not backends.fp4)
+    return Operand(codes, scales, decoded), t_amax
 
 
 def transpose_tiles(op: Operand, experts: int = 1) -> Operand:
