@@ -145,7 +145,9 @@ def operand_kernels(m, k, rep_ms, rounds):
     """NVFP4 quantize + decode fused; columnwise 4/6 and NVFP4 (x^T read in place) with and without the decode,
     against pad + transpose + contiguous then the row-major kernel; decode and dequantize against numerics'."""
     from titan_fp4six.kernels import decode as kd
+    from titan_fp4six.kernels import hadamard as kh
     from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.numerics.hadamard import rht16_columns_reference
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
     amax = numerics.tensor_amax(x)
@@ -176,8 +178,10 @@ def operand_kernels(m, k, rep_ms, rounds):
         "deq": lambda: kd.nvfp4_dequantize(codes, scales, amax, 448, torch.bfloat16),
         "deq_unfused": lambda: numerics.nvfp4_dequantize(codes, scales, amax, scale_bound=448, dtype=torch.bfloat16),
     })
+    fns.update({"rht": lambda: kh.rht16_columns(x), "rht_unfused": lambda: rht16_columns_reference(x)})
     sizes = {"nv_dec": qnv(n) + 2 * n, "col46": q46(n), "col46d": q46(np_) + 2 * np_, "colnv": qnv(np_),
-             "colnvd": qnv(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n, "deq": n // 2 + n // 16 + 2 * n}
+             "colnvd": qnv(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n, "deq": n // 2 + n // 16 + 2 * n,
+             "rht": 2 * n + 2 * np_}
     for name, nbytes in sizes.items():
         fns["copy_" + name] = _copy(nbytes)
     t = _least_of_rounds(fns, rep_ms, rounds)
@@ -189,10 +193,11 @@ def operand_kernels(m, k, rep_ms, rounds):
         "colnvd": _same(fns["colnvd"](), fns["colnvd_unfused"]()),
         "dec": _same((fns["dec"](), ), (fns["dec_unfused"](), )),
         "deq": _same((fns["deq"](), ), (fns["deq_unfused"](), )),
+        "rht": _same((fns["rht"](), ), (fns["rht_unfused"](), )),
     }
     labels = {"nv_dec": "NVFP4 quantize+decode fused", "col46": "columnwise 4/6", "col46d": "columnwise 4/6 + decode",
               "colnv": "columnwise NVFP4", "colnvd": "columnwise NVFP4 + decode", "dec": "decode_block_scaled",
-              "deq": "nvfp4_dequantize bf16"}
+              "deq": "nvfp4_dequantize bf16", "rht": "rht16 down the columns (wgrad_rht; unfused: the reference)"}
     print(f"\n{m}x{k} bf16 x (columnwise: x^T, {k}x{mp})\n")
     print("| kernel | ms | % of copy | unfused ms | speedup | MB moved | bitwise |")
     print("|---|---|---|---|---|---|---|")
@@ -371,8 +376,8 @@ def cmd_gemm(args):
         w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
         base = line(label, "bf16 F.linear", _fwd_bwd(lambda: F.linear(x, w), (x, w), dy))
-        for mode in ("quantized", "high_precision", "dequantized"):
-            recipe = FourOverSixRecipe(backward=mode)
+        for mode in ("quantized", "quantized wgrad_rht", "high_precision", "dequantized"):
+            recipe = FourOverSixRecipe(backward=mode.split()[0], wgrad_rht=mode.endswith("wgrad_rht"))
             line("", "4/6 linear " + mode, _fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy),
                  base)
         del x, w, dy

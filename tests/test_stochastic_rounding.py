@@ -1,5 +1,5 @@
 """Stochastic rounding of the quantized backward's gradient operand (gradient_rounding = "stochastic",
-docs/numerics.md section 11): Philox bits equal to Triton's, the rounding rule and its unbiasedness, kernel ==
+docs/numerics.md section 12): Philox bits equal to Triton's, the rounding rule and its unbiasedness, kernel ==
 reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without CUDA), nearest mode unchanged,
 the dense op's reproducibility and the recipe / config checks."""
 
@@ -420,7 +420,7 @@ def test_fidelity_metrics_of_a_stochastic_recipe():
 def test_dense_stochastic_equals_reference_composition(scaling):
     """The dense op's stochastic dx and dW equal the reference composition of tests/helpers/backward_oracle.py
     with dy rounded by the seeds the op drew (call 0: dy for dgrad, call 1: the zero-padded dy^T for wgrad):
-    the random bits follow the element index of the matrix as quantized (numerics.md section 11)."""
+    the random bits follow the element index of the matrix as quantized (numerics.md section 12)."""
     from tests.helpers.backward_oracle import dense_backward, narrow_data
 
     recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, gradient_rounding="stochastic")
@@ -506,3 +506,17 @@ def test_trainer_mixin_sets_each_steps_seeds_before_the_step():
     GRADIENT_ROUNDING.next()
     Trainer03().train_step(None)
     assert seen == [(5, 12, 0), (0, 4, 0)]
+
+
+def test_stochastic_rounding_with_wgrad_rht():
+    """gradient_rounding='stochastic' with wgrad_rht: dy^T is transformed (numerics.md section 11), then its codes
+    round stochastically with the wgrad's seed; same seed -> same bytes, and dW differs from the nearest one."""
+    x, w, dy = _dense_operands()
+    r = FourOverSixRecipe(gradient_rounding="stochastic", wgrad_rht=True)
+    assert r.plan(False).dy_t.transform == "rht16" and r.plan(False).dy_t.rounding == "stochastic"
+    dx1, dw1 = _grads(x, w, dy, r, 8)
+    assert GRADIENT_ROUNDING.calls == 2
+    dx2, dw2 = _grads(x, w, dy, r, 8)
+    assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)
+    _, dw_nearest = _grads(x, w, dy, FourOverSixRecipe(wgrad_rht=True), 8)
+    assert not torch.equal(dw1, dw_nearest)

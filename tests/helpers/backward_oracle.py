@@ -49,7 +49,7 @@ def factor(amax: torch.Tensor, bound: int) -> torch.Tensor:
 def decode(x: torch.Tensor, amax: torch.Tensor, candidates: str, block: str = "1x16", err_mode: str = "mse",
            bound: int = NVFP4_BOUND, seed: int | None = None) -> torch.Tensor:
     """The block-scaled decode (FP32, exact) of x quantized by the reference: candidates 'nvfp4', '4/6' or '6';
-    amax () or one per row; seed: 'nvfp4' rounded stochastically with it (docs/numerics.md section 11)."""
+    amax () or one per row; seed: 'nvfp4' rounded stochastically with it (docs/numerics.md section 12)."""
     x = x.contiguous()
     if candidates == "nvfp4":
         codes, scales = ref.nvfp4_reference(x, amax, seed)

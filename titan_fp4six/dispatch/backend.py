@@ -22,7 +22,7 @@ GEMMS = ("auto", "emulated", "fp4")
 QUANTIZER_ENV = "TITAN_FP4SIX_QUANTIZER"
 EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
 EMULATE_VALUES = ("1", "0", "")
-KERNEL_MODULES = ("quantize", "amax", "decode", "epilogue")
+KERNEL_MODULES = ("quantize", "amax", "decode", "epilogue", "hadamard")
 
 _log = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ def _kernel_module(name: str):
             from ..kernels import decode as module
         elif name == "epilogue":
             from ..kernels import epilogue as module
+        elif name == "hadamard":
+            from ..kernels import hadamard as module
         else:
             from ..kernels import amax as module
     except ImportError as exc:

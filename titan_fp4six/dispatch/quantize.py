@@ -9,10 +9,12 @@ import torch
 
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
+from ..numerics.hadamard import rht16_columns_reference
 from ..numerics.philox import SEED_LIMIT
 from ..numerics.reference import RowGroups
 from ..numerics.spec import OperandSpec
 from ..numerics.validation import check_amax_covers
+from .amax import run_tensor_amax
 from .backend import kernels_for
 
 
@@ -27,7 +29,8 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     check_amax runs the public amax check (the kernel asserts it in its own read of x). map4 (four-over-six
     specs): True returns the map-to-4 mask, False none, a formats.map4_count_buffer gets the counts added
     instead (the kernel counts in its own pass: no mask, no reduction launch). seed: the Philox seed of a spec
-    with rounding='stochastic' (an int in [0, 2^63), required there; docs/numerics.md section 11)."""
+    with rounding='stochastic' (an int in [0, 2^63), required there; docs/numerics.md section 12)."""
+    _check_untransformed(spec, "run_quantize")
     if spec.rounding == "stochastic" and not (type(seed) is int and 0 <= seed < SEED_LIMIT):
         raise ValueError(f"a spec with rounding='stochastic' needs a seed, an int in [0, 2^63); got {seed!r}")
     kernels = kernels_for(x, quantizer, "quantize")
@@ -48,6 +51,13 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     return codes, scales, (mask if map4 is True else None), dec
 
 
+def _check_untransformed(spec: OperandSpec, name: str) -> None:
+    """A spec with a transform changes the amax too: run_transformed_columnwise quantizes it."""
+    if spec.transform != "none":
+        raise ValueError(f"{name} takes untransformed specs; got transform={spec.transform!r} (use "
+                         "run_transformed_columnwise)")
+
+
 def padded_transpose(x: torch.Tensor) -> torch.Tensor:
     """x (M, K) -> x^T (K, ceil16(M)) with zero columns appended: zeros are transparent to the quantizers (they
     never raise a block amax, encode exactly and add +0 to both candidates' errors)."""
@@ -60,11 +70,33 @@ def run_quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSp
     """x^T for a 2-D x (M, K) with a per-tensor amax quantized by a 1x16 `spec`, blocked along M: as run_quantize,
     of shape (K, ceil16(M) ...). The kernel reads x in place; the reference quantizes the zero-padded transpose
     (same bytes); a stochastic spec's random bits follow the element index in x^T as quantized (K, ceil16(M))."""
+    _check_untransformed(spec, "run_quantize_columnwise")
     if amax.dim() == 0:
         kernels = kernels_for(x, quantizer, "quantize", check="eligible_columnwise")
         if kernels is not None:
             return kernels.quantize_columnwise(x, amax, spec, decode, map4, seed=seed)
     return run_quantize(padded_transpose(x), amax, spec, quantizer, decode, map4=map4, seed=seed)
+
+
+def run_rht16_columns(x: torch.Tensor, quantizer: str) -> torch.Tensor:
+    """x (M, K) zero-padded to ceil16(M) rows with each 16-row block of every column transformed by the 16-point
+    randomized Hadamard transform ('rht16', docs/numerics.md section 11): (ceil16(M), K) in x's dtype."""
+    kernels = kernels_for(x, quantizer, "hadamard")
+    return kernels.rht16_columns(x) if kernels is not None else rht16_columns_reference(x)
+
+
+def run_transformed_columnwise(x: torch.Tensor, spec: OperandSpec, quantizer: str, decode: bool,
+                               seed: int | None = None):
+    """x^T for a 2-D x (M, K) quantized by a 1x16 `spec` with a transform ('rht16'), blocked along M: the
+    transform of each block of 16 rows (zero rows appended up to ceil16(M)), its own per-tensor amax (max |.| of
+    the transformed tensor, in x's dtype), then the columnwise quantization of the transformed tensor by the spec
+    without its transform (a stochastic spec's seed: its rounding's). (codes (K, ceil16(M)/2), scales
+    (K, ceil16(M)/16), amax (), bf16 decode or None)."""
+    t = run_rht16_columns(x, quantizer)
+    amax = run_tensor_amax(t, quantizer)
+    codes, scales, _, dec = run_quantize_columnwise(t, amax, spec.untransformed, quantizer, decode, map4=False,
+                                                    seed=seed)
+    return codes, scales, amax, dec
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str,

@@ -524,7 +524,7 @@ def _assert_amax_covers(bamax, amax, ok):
 @triton.jit
 def _stochastic_e2m1(a, r):
     """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 32 random bits r
-    (uint32), docs/numerics.md section 11: between neighbouring magnitudes lo <= a < hi, up exactly when
+    (uint32), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly when
     r < t = (a - lo) * (2^32 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of two);
     for an integer r that is r < ceil(t), compared in int64 (ceil(t) <= 2^32)."""
     idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
@@ -603,7 +603,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     launch), 0 does neither.
 
     STOCHASTIC (NVFP4 only) rounds the codes stochastically with tl.randint(seed, element index in the
-    quantized matrix), docs/numerics.md section 11; seed is unused otherwise. Its scales are the nearest mode's."""
+    quantized matrix), docs/numerics.md section 12; seed is unused otherwise. Its scales are the nearest mode's."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from ..dispatch.library import resolved_quantizer
-from ..dispatch.quantize import padded_transpose, run_quantize
+from ..dispatch.quantize import padded_transpose, run_quantize, run_rht16_columns
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import OperandSpec
 from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
@@ -136,6 +136,23 @@ def _spec_error(t, amax, spec: OperandSpec, quantizer: str):
     return relative_mse(t, nvfp4_dequantize(q.codes, q.scales, amax, scale_bound=spec.scale_bound)), q.map4
 
 
+def _columnwise_error(t: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str) -> float:
+    """The relative MSE of t^T (t (M, K), blocked along M) quantized by a columnwise spec; with a transform
+    (wgrad_rht), of the transformed t^T against itself, with its own amax (what the weight-gradient GEMM gets)."""
+    if spec.transform != "none":
+        t = run_rht16_columns(t, quantizer)
+        amax, spec = tensor_amax(t), spec.untransformed
+    return _spec_error(padded_transpose(t), amax, spec, quantizer)[0]
+
+
+def _with_backward(recipe: FourOverSixRecipe, mode: str) -> FourOverSixRecipe:
+    """The recipe with backward `mode`; wgrad_rht and stochastic gradient rounding kept only for the quantized
+    backward (the others refuse them)."""
+    quantized = mode == "quantized"
+    return replace(recipe, backward=mode, wgrad_rht=recipe.wgrad_rht and quantized,
+                   gradient_rounding=recipe.gradient_rounding if quantized else "nearest")
+
+
 def _activation_amax(case: GemmCase, plan: GemmPlan) -> torch.Tensor:
     """x's amax as the op takes it: per row (row-scaled), per token group (experts) or per tensor."""
     x = case.x
@@ -170,8 +187,8 @@ def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float
         q = replace(recipe, backward="quantized").plan(grouped=False)
         dy_amax = tensor_amax(case.dy)
         out["mse_dy"] = _spec_error(case.dy, dy_amax, q.dy, recipe.quantizer)[0]
-        out["mse_dyT"] = _spec_error(padded_transpose(case.dy), dy_amax, q.dy, recipe.quantizer)[0]
-        out["mse_xT"] = _spec_error(padded_transpose(case.x), x_amax, q.x_t, recipe.quantizer)[0]
+        out["mse_dyT"] = _columnwise_error(case.dy, dy_amax, q.dy_t, recipe.quantizer)
+        out["mse_xT"] = _columnwise_error(case.x, x_amax, q.x_t, recipe.quantizer)
         out["mse_wT"] = mse_w if q.w_t.block == "16x16" else _spec_error(w.t().contiguous(), w_amax, q.w_t,
                                                                           recipe.quantizer)[0]
     return out
@@ -186,9 +203,7 @@ def gemm_fidelity(case: GemmCase) -> dict[str, float]:
             metrics = operand_errors(case, recipe)
             modes = [m for m in BACKWARD_MODES if m != "quantized" or case.quantized_backward]
             for mode in modes:
-                # gradient_rounding applies to the quantized backward only (the other modes refuse 'stochastic')
-                rounding = recipe.gradient_rounding if mode == "quantized" else "nearest"
-                y, dx, dw = _output_and_grads(case, replace(recipe, backward=mode, gradient_rounding=rounding))
+                y, dx, dw = _output_and_grads(case, _with_backward(recipe, mode))
                 if mode == modes[0]:  # the forward does not depend on the backward mode
                     metrics["fwd_snr_db"] = snr_db(y_ref, y)
                 for name, g, ref in (("dx", dx, dx_ref), ("dw", dw, dw_ref)):

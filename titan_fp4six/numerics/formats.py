@@ -17,6 +17,10 @@ DECODE_BIG_AMAX = 2.0 ** 119
 """From this amax on, f32(sf) * amax (|sf| <= 448 < 2^9) may overflow FP32, so the decode rescales it by
 DECODE_RESCALE (docs/numerics.md, Decoding)."""
 DECODE_RESCALE = 2.0 ** 64
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+"""The fixed sign vector of the 16-point randomized Hadamard transform (transform 'rht16', docs/numerics.md
+section 11): element i of a block is multiplied by RHT_SIGNS[i] before the Hadamard butterfly. TransformerEngine's
+wgrad sign vector, so the transform equals its reference implementation's."""
 NAN_CODE = 0x3
 """The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
 device's arithmetic, so the stored byte must not."""
@@ -54,7 +58,7 @@ _E2M1_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the positive E2M1 magnitudes
 
 def e2m1_encode_stochastic(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """FP32 values already clamped to [-6, 6] and 32 random bits each (int64 in [0, 2^32)) -> unpacked E2M1 codes,
-    rounded stochastically (docs/numerics.md, section 11): a = |q| between neighbouring magnitudes lo <= a < hi
+    rounded stochastically (docs/numerics.md, section 12): a = |q| between neighbouring magnitudes lo <= a < hi
     goes up exactly when r < t, t = (a - lo) * (2^32 / (hi - lo)), an exact FP32 value (a - lo is exact by
     Sterbenz's lemma, the factor a power of two); r < t <=> r < ceil(t) for an integer r. a = 6 stays 6. Sign as
     e2m1_encode; a NaN q gets NAN_CODE."""

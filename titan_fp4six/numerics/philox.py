@@ -1,5 +1,5 @@
 """Philox4x32-10 in PyTorch integer arithmetic: the random bits of stochastic rounding (docs/numerics.md,
-section 11), equal bit for bit to Triton's `tl.randint(seed, offset)`, so the reference and the Triton
+section 12), equal bit for bit to Triton's `tl.randint(seed, offset)`, so the reference and the Triton
 quantizer round with the same bits.
 
 The generator, as Triton 3.x defines it (triton/language/random.py): the key is the 64-bit seed split into

@@ -46,7 +46,7 @@ def _block_amax(xb: torch.Tensor, block: str) -> torch.Tensor:
 
 def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor, seed: int | None = None) -> torch.Tensor:
     """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4); with a seed rounded
-    stochastically (spec section 11), element (r, c) of the (R, C) input with the Philox bits of offset r*C + c."""
+    stochastically (spec section 12), element (r, c) of the (R, C) input with the Philox bits of offset r*C + c."""
     inv = torch.clamp(_f32(1.0, xb) / (sf.float() * s_dec), max=FLT_MAX)
     q = torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX)
     if seed is not None:
@@ -111,7 +111,7 @@ def four_over_six_reference(x: torch.Tensor, amax: torch.Tensor, block: str, err
 
 def nvfp4_reference(x: torch.Tensor, amax: torch.Tensor, seed: int | None = None):
     """Standard NVFP4 (B=448, 1x16, one candidate) of a validated 2-D x. Returns (packed codes, scales).
-    seed (an int in [0, 2^63)): the codes round stochastically (spec section 11) with the Philox bits of
+    seed (an int in [0, 2^63)): the codes round stochastically (spec section 12) with the Philox bits of
     (seed, row-major element index); the scales are the same as without."""
     rows, cols = x.shape
     xb = x.float().view(rows, cols // BLOCK_SIZE, BLOCK_SIZE)

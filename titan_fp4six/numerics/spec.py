@@ -3,7 +3,7 @@ pass specs down, the dispatch layer quantizes a tensor by its spec and the Trito
 compile-time flags from it, so a new way to quantize (a rounding, a transform) is added here first."""
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .formats import STANDARD_BOUND
 from .validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
@@ -17,9 +17,12 @@ SCALINGS = ("tensor", "row", "group")
 (token), or each token group of a grouped GEMM."""
 ROUNDINGS = ("nearest", "stochastic")
 """How the E2M1 element codes round: 'nearest' (ties to even, docs/numerics.md section 2) or 'stochastic'
-(section 11: unbiased, from Philox bits of a per-call seed; standard NVFP4 gradient operands only). The E4M3
+(section 12: unbiased, from Philox bits of a per-call seed; standard NVFP4 gradient operands only). The E4M3
 block scales always round to nearest."""
-TRANSFORMS = ("none",)
+TRANSFORMS = ("none", "rht16")
+"""'none', or 'rht16': each 1x16 block of the operand (as the GEMM consumes it) is replaced by its 16-point
+randomized Hadamard transform (numerics.hadamard, docs/numerics.md section 11) before the amax and the
+quantization; the operand's amax is then that of the transformed tensor. 1x16 blocks only."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ class OperandSpec:
         if self.rounding == "stochastic" and self.candidates != "nvfp4":
             raise ValueError(f"OperandSpec.rounding='stochastic' is defined for OperandSpec.candidates='nvfp4' only "
                              f"(the quantized backward's gradient operand); got candidates={self.candidates!r}")
+        if self.transform != "none" and self.block != "1x16":
+            raise ValueError(f"OperandSpec.transform={self.transform!r} transforms 1x16 blocks; got "
+                             f"block={self.block!r}")
+
+    @property
+    def untransformed(self) -> "OperandSpec":
+        """This spec without its transform: how the transformed tensor itself is quantized."""
+        return _untransformed(self)
 
     @property
     def choose(self) -> bool:
@@ -52,6 +63,12 @@ class OperandSpec:
 
 _VALID = {"candidates": CANDIDATES, "block": BLOCKS, "scaling": SCALINGS, "scale_bound": SCALE_BOUNDS,
           "err_mode": ERR_MODES, "rounding": ROUNDINGS, "transform": TRANSFORMS}
+
+
+@functools.cache
+def _untransformed(spec: OperandSpec) -> OperandSpec:
+    return spec if spec.transform == "none" else replace(spec, transform="none")
+
 
 NVFP4 = OperandSpec(candidates="nvfp4", scale_bound=STANDARD_BOUND)
 """Standard NVFP4 (the quantized backward's gradient operand)."""

@@ -16,7 +16,7 @@ from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
 from .checks import check_dense, check_linear_weight
 from .gemm import gemm_nt
-from .operands import Operand, quantize_columnwise, quantize_operand, transposed_tiles
+from .operands import Operand, quantize_columnwise, quantize_columnwise_operand, quantize_operand, transposed_tiles
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows
@@ -86,10 +86,12 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy by p.dy with its own
     per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax; a row-scaled x^T with one amax
     per row of x^T (x's column amax: per-token amaxes do not transpose), its product computed as
-    (Q_col(x) x Q_col(dy)^T)^T so that the per-row factor sits on the GEMM's row-scaled side. Columnwise
-    operands are blocked along the token dimension M, read in place (zero rows up to a multiple of 16 change
-    nothing); a 16x16 W^T is the forward's tiles transposed. A stochastically rounded dy (p.dy.rounding) takes
-    one seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
+    (Q_col(x) x Q_col(dy)^T)^T so that the per-row factor sits on the GEMM's row-scaled side; dy^T by p.dy_t.
+    Columnwise operands are blocked along the token dimension M, read in place (zero rows up to a multiple of 16
+    change nothing); a 16x16 W^T is the forward's tiles transposed. With the wgrad_rht knob, p.x_t and p.dy_t
+    carry transform 'rht16': both wgrad operands are transformed along M and quantized with their own amaxes.
+    A stochastically rounded dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's
+    dy first, then wgrad's dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
     stochastic = p.dy.rounding == "stochastic"
     dy_amax = run_tensor_amax(dy, b.quantizer)
@@ -103,15 +105,16 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
         dx = gemm_nt(quantize_operand(dy, dy_amax, p.dy, b, seed=seed), dy_amax, p.dy.scale_bound, w_col, w_amax,
                      p.w_t.scale_bound, x_dtype, b)
     if need_dw:
-        dy_col = quantize_columnwise(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.next() if stochastic else None)
+        dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b,
+                                                          seed=GRADIENT_ROUNDING.next() if stochastic else None)
         if p.x_t.scaling == "row":
             x_t_amax = run_column_amax(x)
             x_col = quantize_columnwise(x, x_t_amax, p.x_t, b)
-            dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_amax, p.dy.scale_bound, w_dtype,
+            dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_col_amax, p.dy_t.scale_bound, w_dtype,
                          b).t().contiguous()
         else:
-            x_col = quantize_columnwise(x, x_amax, p.x_t, b)
-            dw = gemm_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, w_dtype, b)
+            x_col, x_col_amax = quantize_columnwise_operand(x, x_amax, p.x_t, b)
+            dw = gemm_nt(dy_col, dy_col_amax, p.dy_t.scale_bound, x_col, x_col_amax, p.x_t.scale_bound, w_dtype, b)
     return dx, dw
 
 

@@ -170,11 +170,11 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
                              w_bound=p.w_t.scale_bound)
     if need_dw:
         tb = _token_blocks(offs, rows)
-        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax, tb), p.dy, b,
+        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax, tb), p.dy_t, b,
                                        seed=GRADIENT_ROUNDING.next() if stochastic else None)
         x_amax = run_group_column_amax(A, group_of_row, experts) if p.x_t.scaling == "row" else a_amax
         x_col = quantize_token_blocks(_blocked(A, tb), _block_amax(x_amax, tb), p.x_t, b)
-        dW = grouped_wgrad_nt(dy_col, dy_amax, p.dy.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
+        dW = grouped_wgrad_nt(dy_col, dy_amax, p.dy_t.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
                               empty_groups, w_dtype, b)
     return dA, dW
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch.backend import Backends
-from ..dispatch.quantize import run_decode_block_scaled, run_quantize, run_quantize_columnwise
+from ..dispatch.quantize import (run_decode_block_scaled, run_quantize, run_quantize_columnwise,
+                                 run_transformed_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from ..numerics.reference import RowGroups
 from ..numerics.spec import OperandSpec
@@ -54,6 +55,17 @@ def quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, 
     return Operand(codes, scales, decoded)
 
 
+def quantize_columnwise_operand(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
+                                seed: int | None = None) -> tuple[Operand, torch.Tensor]:
+    """(operand of x^T, its amax) as quantize_columnwise for a spec without a transform (amax is x's); with
+    spec.transform ('rht16') x^T's blocks are transformed first and the amax is the transformed tensor's, computed
+    here (the forward's amax is not used). seed: a stochastically rounded spec's."""
+    if spec.transform == "none":
+        return quantize_columnwise(x, amax, spec, backends, seed), amax
+    codes, scales, t_amax, decoded = run_transformed_columnwise(x, spec, backends.quantizer, not backends.fp4, seed)
+    return Operand(codes, scales, decoded), t_amax
+
+
 def transpose_tiles(op: Operand, experts: int = 1) -> Operand:
     """The transpose of a 16x16-tile-quantized (R, C) matrix as a (C, R) operand: the forward's own codes and
     tile scales, transposed (spec: a 16x16 tile is its own transpose; re-quantizing could flip a near-tie).
@@ -91,7 +103,7 @@ def quantize_token_blocks(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec
     per row), or of a (P/16 * C, 16) matrix (one row per block, for per-block amaxes), and quantized by the
     rowwise quantizer (kernel or reference): a 1x16 block's codes and scale depend only on its 16 values and
     its amax, so these are the bytes of x^T quantized block by block. A stochastically rounded spec (seed) takes
-    its random bits by the element's index in that block-row matrix (docs/numerics.md section 11)."""
+    its random bits by the element's index in that block-row matrix (docs/numerics.md section 12)."""
     p, c = x.shape
     blocks = x.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2)
     if amax.dim() == 1:

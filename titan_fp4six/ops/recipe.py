@@ -39,6 +39,10 @@ class FourOverSixRecipe:
     backward: str = _knob("auto", BACKWARDS, "Backward GEMMs: 'auto', 'quantized', 'high_precision' or "
                           "'dequantized' ('auto': quantized for per-tensor dense GEMMs, high_precision for "
                           "row-scaled activations and routed experts; 'quantized' applies to all of them).")
+    wgrad_rht: bool = _knob(False, (False, True), "16-point randomized Hadamard transform (TransformerEngine's "
+                            "sign vector) of both weight-gradient GEMM operands, x^T and dy^T, along the tokens "
+                            "before their amax and quantization (docs/numerics.md section 11); needs the quantized "
+                            "backward.")
     gradient_rounding: str = _knob("nearest", GRADIENT_ROUNDINGS, "E2M1 rounding of the quantized backward's "
                                    "gradient operand dy: 'nearest' or 'stochastic' (unbiased, Philox bits seeded "
                                    "from the run's seed and step; needs backward 'quantized' or 'auto' resolving "
@@ -64,16 +68,13 @@ class FourOverSixRecipe:
         # takes a lock, which torch.compile cannot trace).
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
-        # gradient_rounding='stochastic' with backward='auto' has no grouped plan (auto: high_precision there), so
-        # plan(grouped=True) raises when a grouped GEMM asks for it.
-        object.__setattr__(self, "_grouped_plan", None if self.stochastic and self.backward == "auto"
-                           else resolve_plan(self, grouped=True))
+        object.__setattr__(self, "_grouped_plan", _plan_or_none(self, grouped=True))
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
         # Two attributes, not a tuple indexed by the bool: torch.compile cannot index a tuple with a bool.
         plan = self._grouped_plan if grouped else self._dense_plan
-        return plan or resolve_plan(self, grouped)  # a grouped 'stochastic' with backward 'auto' raises there
+        return plan or resolve_plan(self, grouped)  # None where resolve_plan raises: it raises here again
 
     @property
     def stochastic(self) -> bool:
@@ -89,13 +90,14 @@ class FourOverSixRecipe:
 @dataclass(frozen=True)
 class GemmPlan:
     """A recipe resolved for one GEMM kind: the spec of every operand role, the backward mode and the
-    implementation knobs. dy, x_t, w_t: the quantized backward's operands (gradient, x^T, W^T; None in the
-    other modes), dense and grouped, per-tensor and row-scaled activations (docs/numerics.md, section 9):
+    implementation knobs. dy, x_t, w_t, dy_t: the quantized backward's operands (gradient, x^T, W^T, dy^T; None
+    in the other modes), dense and grouped, per-tensor and row-scaled activations (docs/numerics.md, section 9):
     dy's amax per tensor (dense) or per token group (grouped, scaling "group"); x_t's (blocks along the
     tokens) the forward's per-tensor / per-group amax, or for row-scaled x (scaling "row") one per row of x^T,
-    i.e. per column of x (and per group), as TransformerEngine's row-scaled NVFP4 does; a 16x16 w_t is the
-    forward's tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's
-    key, the form the custom ops take (plan_from_key inverts it)."""
+    i.e. per column of x (and per group), as TransformerEngine's row-scaled NVFP4 does; x_t and dy_t, the
+    weight-gradient GEMM's operands, carry transform 'rht16' with wgrad_rht (their amaxes then the transformed
+    tensors'); dy and dy_t carry rounding 'stochastic' with gradient_rounding; a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
+    again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
 
     key: str
     backward: str
@@ -104,6 +106,7 @@ class GemmPlan:
     dy: OperandSpec | None
     x_t: OperandSpec | None
     w_t: OperandSpec | None
+    dy_t: OperandSpec | None
     quantizer: str
     gemm: str
 
@@ -113,9 +116,9 @@ class GemmPlan:
 
 
 def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
-    """The one place that reads `scope`, `weight_block`, `activation_scaling`, `backward` and
-    `gradient_rounding` (the dy spec's rounding; an error where the backward quantizes no gradient): the spec of every
-    operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
+    """The one place that reads `scope`, `weight_block`, `activation_scaling`, `backward`, `wgrad_rht` and
+    `gradient_rounding` (an error where the backward quantizes no gradient): the spec
+    of every operand role of a dense or grouped GEMM ("auto" backward: quantized for per-tensor dense GEMMs,
     high_precision for row-scaled activations and routed experts; an explicit "quantized" holds for both)."""
     row = recipe.activation_scaling == "row"
     backward = recipe.backward
@@ -133,11 +136,32 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     x = spec(recipe.scope in ("all", "activations"), "1x16", "row" if row else "group" if grouped else "tensor")
     w = spec(recipe.scope in ("all", "weights"), recipe.weight_block, "tensor")  # an expert's tensor if grouped
     quantized = backward == "quantized"
+    if recipe.wgrad_rht and not quantized:
+        resolved = f" (resolved to {backward!r})" if backward != recipe.backward else ""
+        raise ValueError(f"FourOverSixRecipe.wgrad_rht=True transforms the quantized backward's weight-gradient "
+                         f"operands, but FourOverSixRecipe.backward={recipe.backward!r}{resolved} quantizes no "
+                         f"gradient of {'grouped' if grouped else 'dense'} GEMMs; use backward='quantized' or "
+                         "wgrad_rht=False")
+    if recipe.wgrad_rht and (grouped or row):
+        raise ValueError(f"FourOverSixRecipe.wgrad_rht=True is implemented for dense GEMMs with per-tensor "
+                         f"activations; not for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'} "
+                         "yet: use wgrad_rht=False there")
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
+    if not quantized:
+        return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm)
     dy = NVFP4_STOCHASTIC if recipe.stochastic else NVFP4
     dy = replace(dy, scaling="group") if grouped else dy  # grouped: one amax per token group
-    return GemmPlan(key, backward, x, w, dy if quantized else None, x if quantized else None,
-                    w if quantized else None, recipe.quantizer, recipe.gemm)
+    rht = "rht16" if recipe.wgrad_rht else "none"  # x_t and dy_t: the wgrad GEMM's operands
+    return GemmPlan(key, backward, x, w, dy, replace(x, transform=rht), w, replace(dy, transform=rht),
+                    recipe.quantizer, recipe.gemm)
+
+
+def _plan_or_none(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan | None:
+    """resolve_plan, or None where it raises (FourOverSixRecipe.plan calls it again then, to raise)."""
+    try:
+        return resolve_plan(recipe, grouped)
+    except ValueError:
+        return None
 
 
 KNOBS = tuple(fields(FourOverSixRecipe))
@@ -149,4 +173,9 @@ def plan_from_key(key: str, grouped: bool) -> GemmPlan:
     """Inverse of GemmPlan.key, called only inside the custom ops' bodies (cached: each distinct key is parsed
     once)."""
     values = key.split(",")
-    return FourOverSixRecipe(**{f.name: f.type(v) for f, v in zip(KNOBS, values)}).plan(grouped)
+    return FourOverSixRecipe(**{f.name: _parse(f.type, v) for f, v in zip(KNOBS, values)}).plan(grouped)
+
+
+def _parse(kind: type, text: str):
+    """A knob's value from its str() in the key (bool("False") would be True)."""
+    return text == "True" if kind is bool else kind(text)

@@ -1,0 +1,98 @@
+"""Triton 16-point randomized Hadamard transform ('rht16') down the columns of x, bitwise equal to
+numerics/hadamard.py (docs/numerics.md section 11).
+
+One program transforms 16 rows x BLOCK_K columns: each thread holds its column's 16 elements as a tuple of FP32
+values (converted exactly from the input's bits), multiplies them by +-0.25 (the sign times 1/sqrt(16)), runs the
+four butterfly stages h = 1, 2, 4, 8 in the spec's order (separately rounded FP32 adds), makes a zero +0 and rounds
+to the input dtype (bf16 by its bits, to nearest even; NaN as 0x7FC0). Rows at or past M read as the zero rows
+that pad x to a multiple of 16. The columnwise quantizer then reads the result in place (dispatch/quantize.py).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..numerics.formats import RHT_SIGNS
+from .launch import COMPILE_OPTIONS, cdiv
+
+BLOCK_K = 128
+_NEG_MASK = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)  # bit i: element i's sign is -1
+_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@triton.jit
+def _load_f32(ptr, offs, mask, KIND: tl.constexpr):
+    """FP32 (exact) of the elements at offs: fp32 words (KIND 0), bf16 (1) or fp16 (2) halves; masked: +0."""
+    w = tl.load(ptr + offs, mask=mask, other=0)
+    # one branch per kind, no early return: Triton compiles the statements after a constexpr branch's return too
+    if KIND == 0:
+        v = w.to(tl.float32, bitcast=True)
+    elif KIND == 1:
+        v = (w.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        v = w.to(tl.float16, bitcast=True).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _store_from_f32(ptr, offs, v, mask, KIND: tl.constexpr):
+    """v rounded to nearest even in the output dtype (bf16 through its FP32 bits; NaN as 0x7FC0)."""
+    if KIND == 0:
+        tl.store(ptr + offs, v.to(tl.int32, bitcast=True), mask=mask)
+    elif KIND == 1:
+        nan = v != v
+        u = tl.where(nan, 0, v.to(tl.int32, bitcast=True))
+        r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) & 0xFFFF
+        tl.store(ptr + offs, tl.where(nan, 0x7FC0, r).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, v.to(tl.float16).to(tl.int16, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _rht16_columns_kernel(x_ptr, out_ptr, M, K, stride, KIND: tl.constexpr, NEG: tl.constexpr,
+                          BK: tl.constexpr):
+    row0 = tl.program_id(0) * 16
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    in_cols = cols < K
+    ys = ()
+    for i in tl.static_range(16):
+        row = row0 + i
+        # the row test as a tensor: Triton's interpreter cannot combine a scalar bool with a tensor
+        v = _load_f32(x_ptr, row.to(tl.int64) * stride + cols, in_cols & (tl.zeros_like(cols) + row < M), KIND)
+        v = v * 0.25
+        if (NEG >> i) & 1:  # -(v * 0.25) is v * -0.25: rounding to nearest is symmetric
+            v = -v
+        ys = ys + (v, )
+    for s in tl.static_range(4):
+        nys = ()
+        for i in tl.static_range(16):
+            if (i >> s) & 1 == 0:
+                nys = nys + (ys[i] + ys[i + (1 << s)], )
+            else:
+                nys = nys + (ys[i - (1 << s)] - ys[i], )
+        ys = nys
+    for i in tl.static_range(16):
+        row = (row0 + i).to(tl.int64)
+        _store_from_f32(out_ptr, row * K + cols, tl.where(ys[i] == 0.0, 0.0, ys[i]), in_cols, KIND)  # -0 -> +0
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def eligible(x: torch.Tensor) -> bool:
+    """Inputs the kernel takes (a validated 2-D float x): CUDA and unit column stride (any row stride)."""
+    return x.is_cuda and x.stride(1) == 1
+
+
+def rht16_columns(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) zero-padded to ceil16(M) rows, each 16-row block of every column transformed: (ceil16(M), K)
+    contiguous, in x's dtype (numerics.hadamard.rht16_columns_reference)."""
+    m, k = x.shape
+    rows = -(-m // 16) * 16
+    out = torch.empty(rows, k, dtype=x.dtype, device=x.device)
+    if rows and k:
+        _rht16_columns_kernel[(rows // 16, cdiv(k, BLOCK_K))](_bits(x), _bits(out), m, k, x.stride(0),
+                                                              _KIND[x.dtype], _NEG_MASK, BLOCK_K,
+                                                              **COMPILE_OPTIONS)
+    return out
