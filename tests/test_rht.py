@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -194,6 +196,21 @@ def test_plan_roles(wgrad_rht):
     assert FourOverSixRecipe(wgrad_rht=wgrad_rht).plan(grouped=False) == p  # auto: quantized for dense
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_plan_roles_grouped_and_row_scaled(grouped, scaling):
+    """With the quantized backward wgrad_rht applies to every GEMM kind and activation scaling: x^T and dy^T carry
+    the transform, with their scalings (x^T per row when row-scaled, dy^T per token group when grouped)."""
+    recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, wgrad_rht=True)
+    p = recipe.plan(grouped=grouped)
+    plain = replace(recipe, wgrad_rht=False).plan(grouped=grouped)
+    assert (p.x_t.transform, p.dy_t.transform) == ("rht16", "rht16")
+    assert p.x_t.untransformed == plain.x_t and p.dy_t.untransformed == plain.dy_t
+    assert (p.x, p.w, p.dy, p.w_t) == (plain.x, plain.w, plain.dy, plain.w_t)
+    assert p.x_t.scaling == ("row" if scaling == "row" else "group" if grouped else "tensor")
+    assert plan_from_key(p.key, grouped) == p
+
+
 @pytest.mark.parametrize("knobs, resolved", [(dict(backward="high_precision"), ""),
                                              (dict(backward="dequantized"), ""),
                                              (dict(activation_scaling="row"), r" \(resolved to 'high_precision'\)")])
@@ -201,8 +218,9 @@ def test_wgrad_rht_needs_the_quantized_backward(knobs, resolved):
     with pytest.raises(ValueError, match=rf"FourOverSixRecipe.wgrad_rht=True .*FourOverSixRecipe.backward="
                                          rf"'\w+'{resolved} quantizes no gradient"):
         FourOverSixRecipe(wgrad_rht=True, **knobs)
-    with pytest.raises(ValueError, match=r"wgrad_rht=True .* of grouped GEMMs"):
-        FourOverSixRecipe(wgrad_rht=True).plan(grouped=True)
+    with pytest.raises(ValueError, match=r"wgrad_rht=True .*backward='auto' \(resolved to 'high_precision'\) "
+                                         r"quantizes no gradient of grouped GEMMs"):
+        FourOverSixRecipe(wgrad_rht=True).plan(grouped=True)  # auto: high_precision for routed experts
     with pytest.raises(ValueError, match=r"wgrad_rht=1 is not supported; valid values: False, True"):
         FourOverSixRecipe(wgrad_rht=1)
 
@@ -285,8 +303,12 @@ def test_toml_knob_loads_and_validates(tmp_path):
     with pytest.raises(ValueError, match=rf"{lin}.wgrad_rht=1 is not supported.*type bool; got int"):
         load("[quantize.linear.four_over_six]\nwgrad_rht = 1")
     gmm = "quantize.grouped_mm.four_over_six"
-    with pytest.raises(ValueError, match=rf"\[{gmm}\] {gmm}.wgrad_rht=True .*grouped GEMMs"):
+    with pytest.raises(ValueError, match=rf"\[{gmm}\] {gmm}.wgrad_rht=True .*{gmm}.backward='auto' "
+                                         r"\(resolved to 'high_precision'\) quantizes no gradient of grouped GEMMs"):
         load("[quantize.grouped_mm.four_over_six]\nwgrad_rht = true", f'"{gmm}"')
+    grouped = load('[quantize.grouped_mm.four_over_six]\nwgrad_rht = true\nbackward = "quantized"', f'"{gmm}"')
+    assert grouped.quantize.grouped_mm.four_over_six.recipe() == FourOverSixRecipe(backward="quantized",
+                                                                                  wgrad_rht=True)
 
 
 # ---- GPU (skipped without CUDA) ----
