@@ -5,7 +5,6 @@ Triton kernel against the reference (interpreter here, the GPU below), the plan,
 import os
 import subprocess
 import sys
-
 from dataclasses import replace
 
 import pytest
@@ -339,6 +338,26 @@ def test_gpu_kernel_equals_transformer_engine_formula_on_the_gpu(name):
     exact = exact_blocks(x.cpu().t().contiguous().view(-1, 16)).view(1024, -1).t().repeat_interleave(16, 0)
     assert same_bits(got[exact], want[exact])
     assert (got.view(torch.int16) != want.view(torch.int16)).float().mean() < 1e-4
+
+
+@cuda
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_gpu_grouped_op_triton_equals_reference(scaling):
+    """The grouped quantized backward with wgrad_rht on an H200-sized case: the Triton transform, amaxes and
+    quantizers against the reference ones on the same device (same GEMMs): dA and dW bitwise."""
+    from titan_fp4six import four_over_six_grouped_mm
+
+    g = torch.Generator().manual_seed(14)
+    offs = torch.tensor([0, 300, 300, 1111, 2000, 2048, 2048, 3001], dtype=torch.int32).cuda()
+    A, dy = torch.randn(3072, 512, generator=g).bfloat16().cuda(), torch.randn(3072, 256, generator=g).bfloat16().cuda()
+    W = (torch.randn(8, 256, 512, generator=g) * 0.05).bfloat16().cuda()
+    grads = []
+    for q in ("triton", "reference"):
+        recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, wgrad_rht=True, quantizer=q)
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe).backward(dy)
+        grads.append((a.grad, w.grad))
+    assert all(torch.equal(t, r) for t, r in zip(*grads))
 
 
 @cuda
