@@ -108,7 +108,7 @@ def test_dense_equals_reference_composition(recipe):
     _assert_equal(wg.grad, want_dw)
 
 
-@pytest.mark.parametrize("recipe", RECIPES[::3], ids=str)
+@pytest.mark.parametrize("recipe", RECIPES[::3] + RHT_RECIPES[::3], ids=str)
 def test_grouped_zero_tokens(recipe):
     """No tokens at all (every group empty): dA (0, K), dW zeros."""
     A = torch.zeros(0, K, dtype=torch.bfloat16, requires_grad=True)
