@@ -389,8 +389,8 @@ def cmd_gemm(args):
         offs = _offsets(m, e, device, gen)
         base = line(label, "bf16 torch._grouped_mm",
                     _fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy))
-        for mode in ("high_precision", "dequantized"):
-            recipe = FourOverSixRecipe(backward=mode)
+        for mode in ("quantized", "quantized wgrad_rht", "high_precision", "dequantized"):
+            recipe = FourOverSixRecipe(backward=mode.split()[0], wgrad_rht=mode.endswith("wgrad_rht"))
             line("", "4/6 grouped " + mode, _fwd_bwd(
                 lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe), (a, w), dy), base)
         del a, w, dy

@@ -5,6 +5,7 @@ Triton kernel against the reference (interpreter here, the GPU below), the plan,
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -194,6 +195,21 @@ def test_plan_roles(wgrad_rht):
     assert FourOverSixRecipe(wgrad_rht=wgrad_rht).plan(grouped=False) == p  # auto: quantized for dense
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_plan_roles_grouped_and_row_scaled(grouped, scaling):
+    """With the quantized backward wgrad_rht applies to every GEMM kind and activation scaling: x^T and dy^T carry
+    the transform, with their scalings (x^T per row when row-scaled, dy^T per token group when grouped)."""
+    recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, wgrad_rht=True)
+    p = recipe.plan(grouped=grouped)
+    plain = replace(recipe, wgrad_rht=False).plan(grouped=grouped)
+    assert (p.x_t.transform, p.dy_t.transform) == ("rht16", "rht16")
+    assert p.x_t.untransformed == plain.x_t and p.dy_t.untransformed == plain.dy_t
+    assert (p.x, p.w, p.dy, p.w_t) == (plain.x, plain.w, plain.dy, plain.w_t)
+    assert p.x_t.scaling == ("row" if scaling == "row" else "group" if grouped else "tensor")
+    assert plan_from_key(p.key, grouped) == p
+
+
 @pytest.mark.parametrize("knobs, resolved", [(dict(backward="high_precision"), ""),
                                              (dict(backward="dequantized"), ""),
                                              (dict(activation_scaling="row"), r" \(resolved to 'high_precision'\)")])
@@ -201,8 +217,9 @@ def test_wgrad_rht_needs_the_quantized_backward(knobs, resolved):
     with pytest.raises(ValueError, match=rf"FourOverSixRecipe.wgrad_rht=True .*FourOverSixRecipe.backward="
                                          rf"'\w+'{resolved} quantizes no gradient"):
         FourOverSixRecipe(wgrad_rht=True, **knobs)
-    with pytest.raises(ValueError, match=r"wgrad_rht=True .* of grouped GEMMs"):
-        FourOverSixRecipe(wgrad_rht=True).plan(grouped=True)
+    with pytest.raises(ValueError, match=r"wgrad_rht=True .*backward='auto' \(resolved to 'high_precision'\) "
+                                         r"quantizes no gradient of grouped GEMMs"):
+        FourOverSixRecipe(wgrad_rht=True).plan(grouped=True)  # auto: high_precision for routed experts
     with pytest.raises(ValueError, match=r"wgrad_rht=1 is not supported; valid values: False, True"):
         FourOverSixRecipe(wgrad_rht=1)
 
@@ -285,8 +302,12 @@ def test_toml_knob_loads_and_validates(tmp_path):
     with pytest.raises(ValueError, match=rf"{lin}.wgrad_rht=1 is not supported.*type bool; got int"):
         load("[quantize.linear.four_over_six]\nwgrad_rht = 1")
     gmm = "quantize.grouped_mm.four_over_six"
-    with pytest.raises(ValueError, match=rf"\[{gmm}\] {gmm}.wgrad_rht=True .*grouped GEMMs"):
+    with pytest.raises(ValueError, match=rf"\[{gmm}\] {gmm}.wgrad_rht=True .*{gmm}.backward='auto' "
+                                         r"\(resolved to 'high_precision'\) quantizes no gradient of grouped GEMMs"):
         load("[quantize.grouped_mm.four_over_six]\nwgrad_rht = true", f'"{gmm}"')
+    grouped = load('[quantize.grouped_mm.four_over_six]\nwgrad_rht = true\nbackward = "quantized"', f'"{gmm}"')
+    assert grouped.quantize.grouped_mm.four_over_six.recipe() == FourOverSixRecipe(backward="quantized",
+                                                                                  wgrad_rht=True)
 
 
 # ---- GPU (skipped without CUDA) ----
@@ -317,6 +338,26 @@ def test_gpu_kernel_equals_transformer_engine_formula_on_the_gpu(name):
     exact = exact_blocks(x.cpu().t().contiguous().view(-1, 16)).view(1024, -1).t().repeat_interleave(16, 0)
     assert same_bits(got[exact], want[exact])
     assert (got.view(torch.int16) != want.view(torch.int16)).float().mean() < 1e-4
+
+
+@cuda
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_gpu_grouped_op_triton_equals_reference(scaling):
+    """The grouped quantized backward with wgrad_rht on an H200-sized case: the Triton transform, amaxes and
+    quantizers against the reference ones on the same device (same GEMMs): dA and dW bitwise."""
+    from titan_fp4six import four_over_six_grouped_mm
+
+    g = torch.Generator().manual_seed(14)
+    offs = torch.tensor([0, 300, 300, 1111, 2000, 2048, 2048, 3001], dtype=torch.int32).cuda()
+    A, dy = torch.randn(3072, 512, generator=g).bfloat16().cuda(), torch.randn(3072, 256, generator=g).bfloat16().cuda()
+    W = (torch.randn(8, 256, 512, generator=g) * 0.05).bfloat16().cuda()
+    grads = []
+    for q in ("triton", "reference"):
+        recipe = FourOverSixRecipe(backward="quantized", activation_scaling=scaling, wgrad_rht=True, quantizer=q)
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe).backward(dy)
+        grads.append((a.grad, w.grad))
+    assert all(torch.equal(t, r) for t, r in zip(*grads))
 
 
 @cuda

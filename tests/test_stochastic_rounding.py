@@ -520,3 +520,16 @@ def test_stochastic_rounding_with_wgrad_rht():
     assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)
     _, dw_nearest = _grads(x, w, dy, FourOverSixRecipe(wgrad_rht=True), 8)
     assert not torch.equal(dw1, dw_nearest)
+
+
+def test_grouped_stochastic_rounding_with_wgrad_rht():
+    """Grouped quantized backward with wgrad_rht: the transformed token blocks of dy round stochastically with the
+    wgrad's seed; reproducible, and dW differs from round-to-nearest's."""
+    A, W, offs, dy = _grouped_case()
+    r = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic", wgrad_rht=True)
+    da1, dw1 = _grouped_grads(A, W, offs, dy, r, 4)
+    assert GRADIENT_ROUNDING.calls == 2
+    da2, dw2 = _grouped_grads(A, W, offs, dy, r, 4)
+    assert torch.equal(da1, da2) and torch.equal(dw1, dw2)
+    _, dw_nearest = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized", wgrad_rht=True), 4)
+    assert not torch.equal(dw1, dw_nearest)

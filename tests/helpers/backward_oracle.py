@@ -6,12 +6,16 @@ It follows docs/numerics.md, section 9, written out per group instead of through
 standard NVFP4 with its amax (per tensor, or the group's real rows), W^T per expert (16x16: the forward's tiles,
 whose decode is the transpose's decode; 1x16: W_e^T quantized along N with the expert's amax), x^T along the
 tokens (the forward's amax, or row-scaled x: its column amax), each group's tokens zero-padded to 16; the grouped
-products rounded to bf16 (torch._grouped_mm's output) before the global factors, the dense ones not.
+products rounded to bf16 (torch._grouped_mm's output) before the global factors, the dense ones not. With
+wgrad_rht (section 11) the wgrad operands are first transformed by the reference rht16 (numerics.hadamard), the
+whole tensor (dense) or each group's tokens on their own (grouped, zero-padded to 16 first), and every x^T / dy^T
+amax is then the transformed tensor's (group's; row-scaled: its column amax).
 """
 
 import torch
 
 from titan_fp4six.numerics import reference as ref
+from titan_fp4six.numerics.hadamard import rht16_columns_reference
 
 NVFP4_BOUND = 448
 
@@ -93,6 +97,14 @@ def _x_t(x: torch.Tensor, recipe, x_cand: str, row_scaled: bool) -> tuple[torch.
     return decode(_pad_rows(x).t(), amax, x_cand, "1x16", recipe.err_mode, recipe.scale_bound), amax
 
 
+def _wgrad_inputs(x: torch.Tensor, dy: torch.Tensor, recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, dy) as the wgrad quantizes them: unchanged, or with wgrad_rht each zero-padded to 16 tokens and every
+    16-token block of every column transformed."""
+    if not recipe.wgrad_rht:
+        return x, dy
+    return rht16_columns_reference(x), rht16_columns_reference(dy)
+
+
 def dense_backward(x, w, dy, recipe, seeds=(None, None)):
     """(dx, dw) of the dense quantized backward (recipe: backward 'quantized'; x (M, K), w (N, K), dy (M, N));
     seeds: dy's and dy^T's stochastic rounding seeds (gradient_rounding='stochastic')."""
@@ -101,9 +113,11 @@ def dense_backward(x, w, dy, recipe, seeds=(None, None)):
     dy_amax, w_amax = _amax(dy), _amax(w)
     dx = exact_mm(decode(dy, dy_amax, "nvfp4", seed=seeds[0]), _w_t(w, recipe, w_cand))
     dx = (dx * (factor(dy_amax, NVFP4_BOUND) * factor(w_amax, recipe.scale_bound))).to(x.dtype)
-    dy_t = decode(_pad_rows(dy).t(), dy_amax, "nvfp4", seed=seeds[1])
-    x_t, x_amax = _x_t(x, recipe, x_cand, row)
-    f = factor(dy_amax, NVFP4_BOUND) * factor(x_amax, recipe.scale_bound)  # () or per column of dW
+    x_w, dy_w = _wgrad_inputs(x, dy, recipe)
+    dy_t_amax = _amax(dy_w)  # dy's own, or the transformed dy's
+    dy_t = decode(_pad_rows(dy_w).t(), dy_t_amax, "nvfp4", seed=seeds[1])
+    x_t, x_amax = _x_t(x_w, recipe, x_cand, row)
+    f = factor(dy_t_amax, NVFP4_BOUND) * factor(x_amax, recipe.scale_bound)  # () or per column of dW
     return dx, (exact_mm(dy_t, x_t.t()) * f).to(w.dtype)
 
 
@@ -127,9 +141,11 @@ def grouped_backward(A, W, offs, dy, recipe):
         f = factor(g_amax, NVFP4_BOUND) * factor(w_amax, recipe.scale_bound)
         dA[start:end] = (prod.float() * f).to(A.dtype)
         # wgrad: over the group's tokens, padded to 16
-        x_t, x_amax = _x_t(a, recipe, x_cand, row)
-        prod = exact_mm(decode(_pad_rows(g).t(), g_amax, "nvfp4"), x_t.t()).to(torch.bfloat16)
-        f = factor(g_amax, NVFP4_BOUND) * factor(x_amax, recipe.scale_bound)
+        a_w, g_w = _wgrad_inputs(a, g, recipe)  # with wgrad_rht: the group's own blocks transformed
+        g_t_amax = _amax(g_w)
+        x_t, x_amax = _x_t(a_w, recipe, x_cand, row)
+        prod = exact_mm(decode(_pad_rows(g_w).t(), g_t_amax, "nvfp4"), x_t.t()).to(torch.bfloat16)
+        f = factor(g_t_amax, NVFP4_BOUND) * factor(x_amax, recipe.scale_bound)
         dW[e] = (prod.float() * f).to(W.dtype)
         start = end
     return dA, dW

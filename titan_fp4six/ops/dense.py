@@ -10,13 +10,14 @@ the public functions below check their arguments once.
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_column_amax, run_dense_amaxes, run_row_amax, run_tensor_amax
+from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
 from .checks import check_dense, check_linear_weight
 from .gemm import gemm_nt
-from .operands import Operand, quantize_columnwise, quantize_columnwise_operand, quantize_operand, transposed_tiles
+from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand, quantize_columnwise_row_scaled,
+                       quantize_operand, transposed_tiles)
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows
@@ -89,7 +90,8 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
     (Q_col(x) x Q_col(dy)^T)^T so that the per-row factor sits on the GEMM's row-scaled side; dy^T by p.dy_t.
     Columnwise operands are blocked along the token dimension M, read in place (zero rows up to a multiple of 16
     change nothing); a 16x16 W^T is the forward's tiles transposed. With the wgrad_rht knob, p.x_t and p.dy_t
-    carry transform 'rht16': both wgrad operands are transformed along M and quantized with their own amaxes.
+    carry transform 'rht16': both wgrad operands are transformed along M and quantized with their own amaxes (per
+    tensor, or for a row-scaled x^T the transformed x's column amaxes).
     A stochastically rounded dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's
     dy first, then wgrad's dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
@@ -108,8 +110,7 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
         dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b,
                                                           seed=GRADIENT_ROUNDING.next() if stochastic else None)
         if p.x_t.scaling == "row":
-            x_t_amax = run_column_amax(x)
-            x_col = quantize_columnwise(x, x_t_amax, p.x_t, b)
+            x_col, x_t_amax = quantize_columnwise_row_scaled(x, p.x_t, b)
             dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_col_amax, p.dy_t.scale_bound, w_dtype,
                          b).t().contiguous()
         else:

@@ -14,9 +14,10 @@ from torch import Tensor
 from ..dispatch.amax import run_group_column_amax, run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
-from ..dispatch.quantize import run_dequantize
+from ..dispatch.quantize import run_dequantize, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
+from ..numerics.spec import OperandSpec
 from .checks import check_expert_weights, check_grouped, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
 from .operands import Operand, quantize_operand, quantize_token_blocks, transposed_tiles
@@ -142,15 +143,38 @@ def _block_amax(table: Tensor, tb: _TokenBlocks) -> Tensor:
     return torch.cat((table, table.new_zeros(1, *table.shape[1:]))).index_select(0, tb.block_group)
 
 
+def _token_block_operand(x: Tensor, tb: _TokenBlocks, amax: Tensor, spec: OperandSpec, b: Backends,
+                         group_of_row: Tensor, seed: int | None = None) -> tuple[Operand, Tensor]:
+    """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by
+    _token_blocks and quantized block by block (quantize_token_blocks) with `amax`, per group (E,) or, for a
+    row-scaled spec, per group and column (E, C) (computed here from x and group_of_row). With spec.transform
+    ('rht16') every 16-token block of the layout is transformed first (each block lies in one group; a group's
+    zero padding is transformed with its tokens, and blocks past the last group stay zeros) and the amaxes are
+    the transformed layout's, per group (and column): `amax` is not used. seed: a stochastically rounded spec's."""
+    blocked = _blocked(x, tb)
+    experts = tb.ends.numel()
+    if spec.transform != "none":
+        blocked = run_rht16_columns(blocked, b.quantizer)  # (P, C), P a multiple of 16: no rows appended
+        if spec.scaling == "row":
+            amax = run_group_column_amax(blocked, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
+        else:  # the groups' padded ends delimit their blocks; positions past the last end belong to no group
+            amax = run_token_groups(blocked, tb.ends, False, b.quantizer)[0]
+    elif spec.scaling == "row":
+        amax = run_group_column_amax(x, group_of_row, experts)
+    return quantize_token_blocks(blocked, _block_amax(amax, tb), spec.untransformed, b, seed), amax
+
+
 def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
                      p: GemmPlan, a_dtype, w_dtype, need_da, need_dw):
     """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e) (dy by rows, blocks
     along N, p.dy with one amax per token group; W_e^T blocked along N by p.w_t with the forward's expert amax,
     a 16x16 W^T the forward's tiles transposed per expert); wgrad dW_e = Q_col(dy_e)^T x Q_col(A_e) (both blocked
     along the group's tokens, each group zero-padded to 16-token blocks; dy^T with dy's group amax, A^T by p.x_t
-    with the forward's group amax, or row-scaled with the group's column amax). Rows past offs[-1] are read by no
-    amax and no GEMM: zero dA rows; empty groups: zero dW. A stochastically rounded dy (p.dy.rounding) takes one
-    seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's dy^T."""
+    with the forward's group amax, or row-scaled with the group's column amax; with wgrad_rht both are transformed
+    block by block first and take the transformed blocks' amaxes: _token_block_operand). Rows past offs[-1] are
+    read by no amax and no GEMM: zero dA rows; empty groups: zero dW. A stochastically rounded
+    dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's
+    dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
     stochastic = p.dy.rounding == "stochastic"
     experts, (rows, n) = offs.numel(), dy.shape
@@ -170,11 +194,10 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
                              w_bound=p.w_t.scale_bound)
     if need_dw:
         tb = _token_blocks(offs, rows)
-        dy_col = quantize_token_blocks(_blocked(dy, tb), _block_amax(dy_amax, tb), p.dy_t, b,
-                                       seed=GRADIENT_ROUNDING.next() if stochastic else None)
-        x_amax = run_group_column_amax(A, group_of_row, experts) if p.x_t.scaling == "row" else a_amax
-        x_col = quantize_token_blocks(_blocked(A, tb), _block_amax(x_amax, tb), p.x_t, b)
-        dW = grouped_wgrad_nt(dy_col, dy_amax, p.dy_t.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
+        dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
+                                                 GRADIENT_ROUNDING.next() if stochastic else None)
+        x_col, x_amax = _token_block_operand(A, tb, a_amax, p.x_t, b, group_of_row)
+        dW = grouped_wgrad_nt(dy_col, dy_t_amax, p.dy_t.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
                               empty_groups, w_dtype, b)
     return dA, dW
 

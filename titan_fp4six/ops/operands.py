@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..dispatch.amax import run_column_amax
 from ..dispatch.backend import Backends
-from ..dispatch.quantize import (run_decode_block_scaled, run_quantize, run_quantize_columnwise,
+from ..dispatch.quantize import (run_decode_block_scaled, run_quantize, run_quantize_columnwise, run_rht16_columns,
                                  run_transformed_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from ..numerics.reference import RowGroups
@@ -64,6 +65,17 @@ def quantize_columnwise_operand(x: torch.Tensor, amax: torch.Tensor, spec: Opera
         return quantize_columnwise(x, amax, spec, backends, seed), amax
     codes, scales, t_amax, decoded = run_transformed_columnwise(x, spec, backends.quantizer, not backends.fp4, seed)
     return Operand(codes, scales, decoded), t_amax
+
+
+def quantize_columnwise_row_scaled(x: torch.Tensor, spec: OperandSpec,
+                                   backends: Backends) -> tuple[Operand, torch.Tensor]:
+    """(operand of x^T, its amax (K,)) for a row-scaled x (M, K): one amax per row of x^T, i.e. x's column amax
+    (per-token amaxes do not transpose). With spec.transform ('rht16') x's 16-token blocks are transformed first
+    (zero rows appended up to ceil16(M)) and the column amaxes are the transformed tensor's."""
+    if spec.transform != "none":
+        x = run_rht16_columns(x, backends.quantizer)
+    amax = run_column_amax(x)
+    return quantize_columnwise(x, amax, spec.untransformed, backends), amax
 
 
 def transpose_tiles(op: Operand, experts: int = 1) -> Operand:

@@ -142,10 +142,6 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
                          f"operands, but FourOverSixRecipe.backward={recipe.backward!r}{resolved} quantizes no "
                          f"gradient of {'grouped' if grouped else 'dense'} GEMMs; use backward='quantized' or "
                          "wgrad_rht=False")
-    if recipe.wgrad_rht and (grouped or row):
-        raise ValueError(f"FourOverSixRecipe.wgrad_rht=True is implemented for dense GEMMs with per-tensor "
-                         f"activations; not for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'} "
-                         "yet: use wgrad_rht=False there")
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
     if not quantized:
         return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm)
