@@ -65,7 +65,11 @@ def _without_job_text(recipe: dict) -> dict:
 @pytest.mark.parametrize("recipe, bf16, nvfp4", [
     ("qwen3_moe_debug_nvfp4_four_over_six.toml", "qwen3_moe_debug_bf16.toml", "qwen3_moe_debug_nvfp4.toml"),
     ("deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml", "deepseek_v3_debugmodel_bf16.toml",
-     "deepseek_v3_debugmodel_nvfp4_all_linears.toml")])
+     "deepseek_v3_debugmodel_nvfp4_all_linears.toml"),
+    ("deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml", "deepseek_v3_debugmodel_bf16.toml",
+     "deepseek_v3_debugmodel_nvfp4_full.toml"),
+    ("qwen3_moe_debug_nvfp4_four_over_six_full.toml", "qwen3_moe_debug_bf16.toml",
+     "qwen3_moe_debug_nvfp4_full.toml")])
 def test_twins_derived_from_a_recipe_equal_the_shipped_twins(recipe, bf16, nvfp4):
     derived = {v.name: v for v in variants.derive(variants.load_recipe(CONFIGS / recipe))}
     assert list(derived) == ["bf16", "nvfp4", "4/6"]

@@ -17,6 +17,9 @@ RL_BASE = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="1x16"
 ALL_LINEARS = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="16x16", activation_scaling="tensor",
                                 backward="auto")
 NVFP4_ALL_LINEARS = replace(ALL_LINEARS, scale_bound=448, scope="none")
+FULL = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="16x16", activation_scaling="tensor",
+                         backward="quantized", gradient_rounding="stochastic", wgrad_rht=True)
+NVFP4_FULL = replace(FULL, scale_bound=448, scope="none")
 
 
 def _experts(layers):
@@ -33,6 +36,16 @@ def _deepseek_linears(layers):
     return names
 
 
+def _qwen3_linears(layers):
+    """The attention Linears of the Qwen3 MoE debugmodel's layers (no shared experts)."""
+    return {f"layers.{i}.attention.{n}" for i in layers for n in ("wq", "wk", "wv", "wo")}
+
+
+def _full(recipe, linears, experts):
+    """A full recipe: every Linear and routed experts of the middle layers, one recipe for both kinds."""
+    return {**{n: recipe for n in linears}, **{n: recipe for n in experts}}
+
+
 EXPECTED = {
     "deepseek_v3_debugmodel_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(1, 6))},
     "deepseek_v3_debugmodel_nvfp4_four_over_six_dequantized.toml":
@@ -47,6 +60,11 @@ EXPECTED = {
          **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
     "qwen3_moe_debug_nvfp4.toml": {n: replace(RL_BASE, scale_bound=448, scope="none") for n in _experts(range(8))},
     "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
+    "deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml":
+        _full(FULL, _deepseek_linears(range(1, 5)), _experts(range(1, 5))),
+    "deepseek_v3_debugmodel_nvfp4_full.toml": _full(NVFP4_FULL, _deepseek_linears(range(1, 5)), _experts(range(1, 5))),
+    "qwen3_moe_debug_nvfp4_four_over_six_full.toml": _full(FULL, _qwen3_linears(range(1, 7)), _experts(range(1, 7))),
+    "qwen3_moe_debug_nvfp4_full.toml": _full(NVFP4_FULL, _qwen3_linears(range(1, 7)), _experts(range(1, 7))),
     "rl_grpo_qwen3_moe_debug_bf16.toml": {},
     "deepseek_v3_debugmodel_bf16.toml": {},
     "qwen3_moe_debug_bf16.toml": {},

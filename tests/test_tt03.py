@@ -112,6 +112,10 @@ EXPECTED = {  # recipe -> (converted Linears, converted routed-experts modules) 
     "qwen3_moe_debug_nvfp4_four_over_six": (0, 8),
     "qwen3_moe_debug_nvfp4": (0, 8),
     "qwen3_moe_debug_bf16": (0, 0),
+    "deepseek_v3_debugmodel_nvfp4_full": (28, 4),  # layers 1-4: 4 attention + 3 shared-expert Linears each
+    "deepseek_v3_debugmodel_nvfp4_four_over_six_full": (28, 4),
+    "qwen3_moe_debug_nvfp4_full": (12, 6),  # layers 1-6: 2 attention Linears each in 0.3 (fused qkv, out)
+    "qwen3_moe_debug_nvfp4_four_over_six_full": (12, 6),
 }
 
 
@@ -185,6 +189,6 @@ def test_a_non_finite_loss_stops_the_run_unless_allowed(tmp_path):
                                         stderr=subprocess.STDOUT, text=True, timeout=600)
     stopped = run()
     assert stopped.returncode != 0
-    assert re.search(r"FloatingPointError: step 2: non-finite .*; stopped at step 3 \(the first step that read it\)", stopped.stdout), \
-        stopped.stdout[-3000:]
+    stop = r"FloatingPointError: step 2: non-finite .*; stopped at step 3 \(the first step that read it\)"
+    assert re.search(stop, stopped.stdout), stopped.stdout[-3000:]
     assert run("--training.allow_nonfinite").returncode == 0

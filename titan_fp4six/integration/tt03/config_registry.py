@@ -43,9 +43,14 @@ def _take(table: dict, section: str, keys: tuple[str, ...]) -> dict:
     return dict(table)
 
 
+def _renamed(fqn: str) -> str:
+    """A 0.2 fqn entry in 0.3's module names, part by part (`layers.1.moe.experts` -> `layers.1.moe.routed_experts`)."""
+    return ".".join(RENAMED.get(part, part) for part in fqn.split("."))
+
+
 def _section(cls, table: dict, section: str):
     fqn_keys = ("fqns", "filter_fqns")
-    knobs = {k: [RENAMED.get(p, p) for p in v] if k in fqn_keys and type(v) is list else v for k, v in table.items()}
+    knobs = {k: [_renamed(fqn) for fqn in v] if k in fqn_keys and type(v) is list else v for k, v in table.items()}
     return cls(**knobs)
 
 
@@ -121,3 +126,19 @@ def qwen3_moe_debug_nvfp4() -> FourOverSixTrainer.Config:
 
 def qwen3_moe_debug_bf16() -> FourOverSixTrainer.Config:
     return from_recipe("qwen3_moe_debug_bf16")
+
+
+def deepseek_v3_debugmodel_nvfp4_full() -> FourOverSixTrainer.Config:
+    return from_recipe("deepseek_v3_debugmodel_nvfp4_full")
+
+
+def deepseek_v3_debugmodel_nvfp4_four_over_six_full() -> FourOverSixTrainer.Config:
+    return from_recipe("deepseek_v3_debugmodel_nvfp4_four_over_six_full")
+
+
+def qwen3_moe_debug_nvfp4_full() -> FourOverSixTrainer.Config:
+    return from_recipe("qwen3_moe_debug_nvfp4_full")
+
+
+def qwen3_moe_debug_nvfp4_four_over_six_full() -> FourOverSixTrainer.Config:
+    return from_recipe("qwen3_moe_debug_nvfp4_four_over_six_full")
