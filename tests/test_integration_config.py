@@ -141,6 +141,10 @@ def test_bad_environment_overrides_fail_when_the_converters_are_built(monkeypatc
 
 
 @pytest.mark.parametrize("args, match", [
+    ([f"--{LIN}.gradient_rounding", "random"], rf"\[{LIN}\] {LIN}.gradient_rounding='random' is not supported"),
+    ([f"--{LIN}.gradient_rounding", "stochastic", f"--{LIN}.backward", "high_precision"],
+     rf"\[{LIN}\] {LIN}.gradient_rounding='stochastic' .* {LIN}.backward='high_precision'"),
+    ([f"--{GMM}.gradient_rounding", "stochastic"], rf"\[{GMM}\] {GMM}.gradient_rounding='stochastic' .* grouped"),
     (["--quantize.linear.four_over_six.err_mode", "l1"], rf"\[{LIN}\] {LIN}.err_mode='l1' is not supported; valid values: 'mae', 'mse'"),
     (["--quantize.grouped_mm.four_over_six.scale_bound", "300"], rf"\[{GMM}\] {GMM}.scale_bound=300 is not supported"),
     (["--quantize.linear.four_over_six.weight_block", "8x8"], "weight_block='8x8'"),
