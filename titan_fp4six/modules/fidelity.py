@@ -28,11 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-from ..dispatch.library import resolved_quantizer
-from ..dispatch.quantize import padded_transpose, run_quantize, run_rht16_columns
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import OperandSpec
-from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..ops.backward_operands import quantized_backward_operands
 from ..ops.recipe import GemmPlan
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
@@ -99,12 +98,6 @@ class GemmCase:
         if self.offs is not None and int(self.offs[-1]) != rows:
             raise ValueError(f"{self.name}: offs[-1]={int(self.offs[-1])} but x has {rows} rows; pass the token rows")
 
-    @property
-    def quantized_backward(self) -> bool:
-        """Whether this tool measures backward='quantized' here: a dense GEMM with per-tensor activations (the
-        ops' quantized backward of grouped GEMMs and row-scaled activations is not measured by it yet)."""
-        return self.offs is None and not self.recipe.plan(grouped=False).row_scaled
-
 
 def _gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None,
           recipe: FourOverSixRecipe | None) -> torch.Tensor:
@@ -123,26 +116,13 @@ def _output_and_grads(case: GemmCase, recipe: FourOverSixRecipe | None):
 
 
 def _spec_error(t, amax, spec: OperandSpec, quantizer: str):
-    """(relative MSE, map-to-4 mask or None) of t quantized by `spec`, as the op quantizes that operand."""
-    if spec.rounding == "stochastic":  # as the quantized backward rounds it: one seed from GRADIENT_ROUNDING
-        codes, scales, _, _ = run_quantize(t.contiguous(), amax, spec, resolved_quantizer(quantizer, t.device), False,
-                                           seed=GRADIENT_ROUNDING.next())
-        return relative_mse(t, nvfp4_dequantize(codes, scales, amax, scale_bound=spec.scale_bound)), None
+    """(relative MSE, map-to-4 mask) of t quantized by the forward operand `spec`, as the op quantizes it."""
     if spec.candidates == "nvfp4":
         q = nvfp4_quantize(t, amax, quantizer=quantizer, validate_amax=False)
     else:
         q = four_over_six_quantize(t, amax, block=spec.block, err_mode=spec.err_mode, scale_bound=spec.scale_bound,
                                    quantizer=quantizer, choose=spec.choose, validate_amax=False)
     return relative_mse(t, nvfp4_dequantize(q.codes, q.scales, amax, scale_bound=spec.scale_bound)), q.map4
-
-
-def _columnwise_error(t: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str) -> float:
-    """The relative MSE of t^T (t (M, K), blocked along M) quantized by a columnwise spec; with a transform
-    (wgrad_rht), of the transformed t^T against itself, with its own amax (what the weight-gradient GEMM gets)."""
-    if spec.transform != "none":
-        t = run_rht16_columns(t, quantizer)
-        amax, spec = tensor_amax(t), spec.untransformed
-    return _spec_error(padded_transpose(t), amax, spec, quantizer)[0]
 
 
 def _with_backward(recipe: FourOverSixRecipe, mode: str) -> FourOverSixRecipe:
@@ -183,14 +163,9 @@ def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float
     mse_w, map4_w = _spec_error(w, w_amax, plan.w, recipe.quantizer)
     out = {"map4_fraction": (map4_x.sum() + map4_w.sum()).item() / (map4_x.numel() + map4_w.numel()),
            "mse_x": mse_x, "mse_w": mse_w}
-    if case.quantized_backward:  # the quantized backward's operands, whichever backward the recipe runs
-        q = replace(recipe, backward="quantized").plan(grouped=False)
-        dy_amax = tensor_amax(case.dy)
-        out["mse_dy"] = _spec_error(case.dy, dy_amax, q.dy, recipe.quantizer)[0]
-        out["mse_dyT"] = _columnwise_error(case.dy, dy_amax, q.dy_t, recipe.quantizer)
-        out["mse_xT"] = _columnwise_error(case.x, x_amax, q.x_t, recipe.quantizer)
-        out["mse_wT"] = mse_w if q.w_t.block == "16x16" else _spec_error(w.t().contiguous(), w_amax, q.w_t,
-                                                                          recipe.quantizer)[0]
+    # the quantized backward's operands, whichever backward the recipe runs, as the op quantizes them
+    for role, (t, deq) in quantized_backward_operands(case.dy, case.x, case.w, recipe, case.offs).items():
+        out[f"mse_{role}"] = relative_mse(t, deq)
     return out
 
 
@@ -201,10 +176,9 @@ def gemm_fidelity(case: GemmCase) -> dict[str, float]:
         y_ref, dx_ref, dw_ref = _output_and_grads(case, None)
         for variant, recipe in variant_recipes(case.recipe).items():
             metrics = operand_errors(case, recipe)
-            modes = [m for m in BACKWARD_MODES if m != "quantized" or case.quantized_backward]
-            for mode in modes:
+            for mode in BACKWARD_MODES:
                 y, dx, dw = _output_and_grads(case, _with_backward(recipe, mode))
-                if mode == modes[0]:  # the forward does not depend on the backward mode
+                if mode == BACKWARD_MODES[0]:  # the forward does not depend on the backward mode
                     metrics["fwd_snr_db"] = snr_db(y_ref, y)
                 for name, g, ref in (("dx", dx, dx_ref), ("dw", dw, dw_ref)):
                     metrics[f"{mode}_{name}_cos"] = cosine(g, ref)
