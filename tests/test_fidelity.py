@@ -86,7 +86,71 @@ def test_operand_errors_measure_what_the_op_quantizes(recipe, grouped):
         x_deq = wl.grad.reshape(-1, k)
         assert errors["mse_w"] == pytest.approx(fid.relative_mse(w, w_deq), rel=1e-9)
         assert errors["mse_x"] == pytest.approx(fid.relative_mse(x, x_deq), rel=1e-9)
-        assert ("mse_dy" in errors) == (not grouped and not r.plan(grouped=False).row_scaled)
+        assert {"mse_dy", "mse_dyT", "mse_xT", "mse_wT"} <= set(errors)  # the quantized backward's, every GEMM kind
+
+
+_FULL = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic", wgrad_rht=True)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("recipe", [FourOverSixRecipe(backward="quantized"), _FULL,
+                                    FourOverSixRecipe(activation_scaling="row", weight_block="1x16",
+                                                      backward="quantized"),
+                                    replace(_FULL, activation_scaling="row", weight_block="1x16")])
+def test_backward_operands_are_the_ones_the_quantized_backward_multiplies(recipe, grouped):
+    """The dequantized operands of ops.backward_operands, multiplied, give the op's quantized dX and dW (the
+    Hadamard transform cancels in dY^T x): they are the op's operands, amaxes, layouts and stochastic seeds."""
+    from titan_fp4six.ops import set_rounding_seed
+    from titan_fp4six.ops.backward_operands import quantized_backward_operands
+    counts = torch.tensor([21, 0, 40, 3]) if grouped else torch.tensor([50])
+    m, n, k, experts = int(counts.sum()), 32, 48, counts.numel()
+    x, dy = _randn(m, k), _randn(m, n, seed=2)
+    w = _randn(experts, n, k, seed=1) if grouped else _randn(n, k, seed=1)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32) if grouped else None
+    for r in fid.variant_recipes(recipe).values():
+        xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+        set_rounding_seed(7, 3)
+        y = (four_over_six_grouped_mm(xl, wl.transpose(-2, -1), offs, recipe=r) if grouped
+             else four_over_six_linear(xl, wl, recipe=r))
+        y.backward(dy)
+        set_rounding_seed(7, 3)
+        ops = {role: deq.double() for role, (_, deq) in quantized_backward_operands(dy, x, w, r, offs).items()}
+        if grouped:  # per group: its rows of dy, its expert's W^T, its 16-token blocks of dy^T and x^T
+            starts, blocks = offs - counts, torch.cumsum((counts + 15) // 16 * 16, 0) - (counts + 15) // 16 * 16
+            dx = torch.cat([ops["dy"][s:s + c] @ ops["wT"].view(experts, k, -1)[e].t()
+                            for e, (s, c) in enumerate(zip(starts.tolist(), counts.tolist()))])
+            dw = torch.stack([ops["dyT"][:, b:b + c] @ ops["xT"][:, b:b + c].t()
+                              for b, c in zip(blocks.tolist(), ((counts + 15) // 16 * 16).tolist())])
+            tol = 4e-3  # the grouped GEMMs' bf16 product
+        else:
+            dx, dw, tol = ops["dy"] @ ops["wT"].t(), ops["dyT"] @ ops["xT"].t(), 1e-5
+        for got, mine in ((xl.grad, dx[:, :k]), (wl.grad, dw[..., :n, :k])):
+            assert ((got.double() - mine).norm() / got.double().norm()).item() < tol
+        errors = {role: fid.relative_mse(t, deq) for role, (t, deq) in
+                  quantized_backward_operands(dy, x, w, r, offs).items()}
+        assert all(0.004 < e < (0.03 if r.stochastic and role.startswith("dy") else 0.015)
+                   for role, e in errors.items()), errors
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("recipe", [FourOverSixRecipe(backward="quantized"), _FULL,
+                                    FourOverSixRecipe(activation_scaling="row", weight_block="1x16")])
+def test_quantized_backward_is_measured_for_grouped_and_row_scaled_gemms(recipe, grouped):
+    counts = torch.tensor([30, 0, 50, 16])
+    x, dy = _randn(96, 64), _randn(96, 32, seed=2)
+    w = _randn(4, 32, 64, seed=1) if grouped else _randn(32, 64, seed=1)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32) if grouped else None
+    m = fid.gemm_fidelity(fid.GemmCase("g", x, w, dy, recipe, offs))
+    for variant in fid.VARIANTS:
+        for g in ("dx", "dw"):
+            assert 0.9 < m[f"quantized_{g}_cos/{variant}"] <= 1
+            assert 0.9 < m[f"quantized_{g}_norm_ratio/{variant}"] < 1.1
+            assert m[f"quantized_{g}_cos/{variant}"] < m[f"high_precision_{g}_cos/{variant}"]
+        for role in ("dy", "dyT", "xT", "wT"):
+            assert 0 < m[f"mse_{role}/{variant}"] < 0.03
+    assert m["mse_xT/four_over_six"] < m["mse_xT/nvfp4"]  # x^T takes the candidate choice, dy none
+    if not recipe.stochastic:  # standard NVFP4 in both variants
+        assert m["mse_dy/four_over_six"] == m["mse_dy/nvfp4"] and m["mse_dyT/four_over_six"] == m["mse_dyT/nvfp4"]
 
 
 def test_gemm_case_names_the_shapes():
@@ -211,6 +275,7 @@ def test_cli_on_the_cpu_tiny_flavor_is_deterministic(tmp_path):
     rows = [line for line in stdout.splitlines() if line.startswith("| layers.") or line.startswith("| mean")]
     assert len(rows) == len(gemms) + 1 and rows[-1].startswith("| mean | ")
     assert "layers.1.moe.experts.w2" in gemms and "layers.0.attention.wq" in gemms
-    assert "mse_dy/nvfp4" in gemms["layers.0.attention.wq"] and "mse_dy/nvfp4" not in gemms["layers.1.moe.experts.w2"]
+    assert "mse_dy/nvfp4" in gemms["layers.0.attention.wq"] and "mse_dy/nvfp4" in gemms["layers.1.moe.experts.w2"]
+    assert 0.9 < record["mean"]["quantized_dw_cos/four_over_six"] <= 1
     assert record["steps_of_training"] == 1 and "model state after 1 steps" in stdout
     assert record["mean"]["mse_x/four_over_six"] < record["mean"]["mse_x/nvfp4"]

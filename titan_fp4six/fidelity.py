@@ -33,8 +33,7 @@ which multiplies the unquantized operands, gets one summary line instead (every 
 
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
     """One row per GEMM and a last row with the mean over them; each cell `NVFP4 / 4/6`, "-" where the metric
-    does not apply (e.g. the quantized backward of a row-scaled or grouped GEMM; a column no GEMM has is left
-    out)."""
+    does not apply (a column no GEMM has is left out)."""
     rows = [*results.items(), ("mean", mean_metrics(results))]
 
     def cell(metrics, key, fmt):

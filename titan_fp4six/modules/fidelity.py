@@ -7,10 +7,14 @@ each format's output, gradients and operand quantizations are from the unquantiz
 - `fwd_snr_db`: 10 log10(sum y_ref^2 / sum (y - y_ref)^2); y_ref the unquantized GEMM in the operands' dtype
   (bf16 in GPU training), y the quantized op's output (bias excluded: the op adds it exactly).
 - `<mode>_dx_cos`, `<mode>_dx_norm_ratio` (|dX| / |dX_ref|), and the same for dW, per backward mode, against
-  the unquantized GEMM's gradients for the same dy (`quantized` only where defined: dense, per-tensor).
+  the unquantized GEMM's gradients for the same dy (the quantized backward with the recipe's wgrad_rht and
+  gradient_rounding; the others without: they refuse both), dense and grouped, per-tensor and row-scaled.
 - `mse_<role>`: relative quantization MSE sum (deq(q(t)) - t)^2 / sum t^2 of each operand the GEMMs quantize,
-  with the op's amax, block, bound and candidate choice: x, w, and where the quantized backward runs dy, dyT
-  (standard NVFP4), xT and wT (columnwise; 16x16 tiles transpose, so wT equals w there).
+  with the op's amax, block, bound and candidate choice: x and w of the forward, and those of the quantized
+  backward (whichever backward the recipe runs): dy, dyT (standard NVFP4), xT and wT, as the op quantizes them
+  (ops.backward_operands: per token group amaxes of grouped dy, column amaxes of row-scaled x^T, the
+  wgrad operands Hadamard-transformed with wgrad_rht and measured against the transformed tensor, dy rounded
+  stochastically with gradient_rounding; 16x16 tiles transpose, so wT equals w there).
 - `map4_fraction`: share of x's and w's forward 1x16 blocks that store map-to-4.
 
 Variants: `four_over_six` is the module's recipe, `nvfp4` the same recipe with scope="none", scale_bound=448
