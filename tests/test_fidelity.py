@@ -153,6 +153,17 @@ def test_quantized_backward_is_measured_for_grouped_and_row_scaled_gemms(recipe,
         assert m["mse_dy/four_over_six"] == m["mse_dy/nvfp4"] and m["mse_dyT/four_over_six"] == m["mse_dyT/nvfp4"]
 
 
+def test_measuring_gives_the_stochastic_seeds_back():
+    """The telemetry measures inside a training step's backward: its GEMMs must draw the seeds they would draw
+    unmeasured."""
+    from titan_fp4six.ops import GRADIENT_ROUNDING, set_rounding_seed
+    set_rounding_seed(3, 5)
+    GRADIENT_ROUNDING.next()
+    fid.gemm_fidelity(fid.GemmCase("c", _randn(32, 64), _randn(4, 32, 64, seed=1), _randn(32, 32, seed=2), _FULL,
+                                   torch.tensor([8, 8, 30, 32], dtype=torch.int32)))
+    assert GRADIENT_ROUNDING.calls == 1
+
+
 def test_gemm_case_names_the_shapes():
     with pytest.raises(ValueError, match=r"c: dy has shape \(4, 16\).*\(M, N\) = \(4, 32\)"):
         fid.GemmCase("c", torch.zeros(4, 16), torch.zeros(32, 16), torch.zeros(4, 16), FourOverSixRecipe())

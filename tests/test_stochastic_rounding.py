@@ -389,7 +389,7 @@ def test_fidelity_metrics_of_a_stochastic_recipe():
     x, w, dy = torch.randn(64, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(64, 48, generator=g)
     set_rounding_seed(1, 1)
     sr = fid.gemm_fidelity(fid.GemmCase("c", x, w, dy, FourOverSixRecipe(gradient_rounding="stochastic")))
-    assert GRADIENT_ROUNDING.calls > 0
+    assert GRADIENT_ROUNDING.calls == 0  # the seeds it drew are given back (tests/test_fidelity.py)
     near = fid.gemm_fidelity(fid.GemmCase("c", x, w, dy, FourOverSixRecipe()))
     assert sr["mse_dy/four_over_six"] > 1.2 * near["mse_dy/four_over_six"]
     assert sr["high_precision_dx_cos/four_over_six"] == near["high_precision_dx_cos/four_over_six"]

@@ -25,6 +25,7 @@ w2); the inner operands and gradients come from an unquantized rerun of the gate
 """
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,7 +35,7 @@ from torch import nn
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import OperandSpec
-from ..ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
 from ..ops.backward_operands import quantized_backward_operands
 from ..ops.recipe import GemmPlan
 from .autocast import autocast_operands, no_autocast
@@ -174,9 +175,11 @@ def operand_errors(case: GemmCase, recipe: FourOverSixRecipe) -> dict[str, float
 
 
 def gemm_fidelity(case: GemmCase) -> dict[str, float]:
-    """{"<metric>/<variant>": value} for both variants (the module docstring defines the metrics)."""
+    """{"<metric>/<variant>": value} for both variants (the module docstring defines the metrics). The seeds of
+    stochastic gradient rounding it draws are given back: a training step's own GEMMs get the seeds they would
+    get unmeasured."""
     out = {}
-    with torch.enable_grad(), MAP4_STATS.paused():
+    with torch.enable_grad(), MAP4_STATS.paused(), _seeds_given_back():
         y_ref, dx_ref, dw_ref = _output_and_grads(case, None)
         for variant, recipe in variant_recipes(case.recipe).items():
             metrics = operand_errors(case, recipe)
@@ -189,6 +192,16 @@ def gemm_fidelity(case: GemmCase) -> dict[str, float]:
                     metrics[f"{mode}_{name}_norm_ratio"] = norm_ratio(g, ref)
             out.update({f"{k}/{variant}": v for k, v in metrics.items()})
     return out
+
+
+@contextmanager
+def _seeds_given_back():
+    """GRADIENT_ROUNDING's call count as it was on entry, on exit (the seeds drawn inside are handed out again)."""
+    calls = GRADIENT_ROUNDING.calls
+    try:
+        yield
+    finally:
+        GRADIENT_ROUNDING.calls = calls
 
 
 def mean_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -23,7 +23,6 @@ from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand
                        quantize_operand)
 from .recipe import FourOverSixRecipe
 from .rounding import GRADIENT_ROUNDING
-from .weights import quantize_weight_rows
 
 ROLES = ("dy", "dyT", "xT", "wT")
 
@@ -86,7 +85,7 @@ def quantized_backward_operands(dy: Tensor, x: Tensor, w: Tensor, recipe: FourOv
         out["xT"] = _columnwise(x, x_col, x_col_amax, p.x_t, q)
         w_amax = run_tensor_amax(w, q)
         if p.w_t.block == "16x16":
-            wq, _ = quantize_weight_rows(w, 0, p, b)
+            wq = quantize_operand(w, w_amax, p.w, b)  # the forward's tiles (not counted in MAP4_STATS)
             out["wT"] = w.t(), _dequantized(wq, _rows_factor(w_amax, w.shape[0], p.w.scale_bound), q).t()
         else:
             out["wT"] = _columnwise(w, quantize_columnwise(w, w_amax, p.w_t, b), w_amax, p.w_t, q)
@@ -108,7 +107,8 @@ def quantized_backward_operands(dy: Tensor, x: Tensor, w: Tensor, recipe: FourOv
     out["xT"] = _token_blocks_pair(x, tb, x_col, x_t_amax, p.x_t, q)
     w_rows = w.reshape(experts * n, k)
     if p.w_t.block == "16x16":
-        wq, w_amax = quantize_weight_rows(w_rows, experts, p, b)
+        w_amax = run_expert_amax(w_rows, experts, q)
+        wq = quantize_operand(w_rows, w_amax, p.w, b)
         deq = _dequantized(wq, _rows_factor(w_amax, experts * n, p.w.scale_bound), q)
         out["wT"] = (w.transpose(1, 2).reshape(experts * k, n),
                      deq.view(experts, n, k).transpose(1, 2).reshape(experts * k, n))
