@@ -5,7 +5,7 @@ the data gradient, dy^T and x^T for the weight gradient, W^T. `quantized_backwar
 building blocks on them (dense.py and grouped.py `_quantized_grads`: the same specs, amaxes, layouts, transforms
 and rounding, stochastic seeds taken from GRADIENT_ROUNDING in the op's order) and returns each operand next to
 its dequantization (block-scaled decode times the global factor amax/(6B) of its row or block), so that its
-quantization error can be read off. Nothing here runs in training.
+quantization error can be read off. The ops do not call it (the fidelity tool and its telemetry do).
 """
 
 from dataclasses import replace
