@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from .version import trainer_config
+
 
 def nonfinite_allowed(training) -> bool:
     """The [training] section's allow_nonfinite (false without the plugin's config module, which adds it)."""
@@ -75,10 +77,6 @@ class NonFiniteStop:
     """Mixin over torchtitan's Trainer (0.2.x and 0.3.x): stop the run at a non-finite loss or grad norm unless
     training.allow_nonfinite (the error names the first bad step), read on logging, checkpoint and last steps."""
 
-    def watched_training_config(self):
-        """The run's [training] section (0.2: self.job_config, 0.3: self.config)."""
-        return (self.job_config if hasattr(self, "job_config") else self.config).training
-
     def forward_backward_step(self, *args, **kwargs):
         loss = super().forward_backward_step(*args, **kwargs)
         self._step_losses.append(loss.detach().clone())  # clone: a CUDA-graph replay may overwrite the output
@@ -93,7 +91,7 @@ class NonFiniteStop:
         grad_norms = []
         with _recording(dist_utils, "clip_grad_norm_", grad_norms):
             super().train_step(data_iterator)
-        training = self.watched_training_config()
+        training = trainer_config(self).training
         if nonfinite_allowed(training):
             return
         self._nonfinite.record(self.step, torch.stack(self._step_losses).sum(), grad_norms[-1])

@@ -12,6 +12,7 @@ starts from.
 import torch
 
 from ..ops import set_rounding_seed
+from .version import trainer_config
 
 
 def run_seed(job_config) -> int:
@@ -34,5 +35,5 @@ class RoundingSeedPerStep:
     """Mixin over torchtitan's Trainer (0.2.x and 0.3.x): the step's rounding seeds set as it starts."""
 
     def train_step(self, data_iterator):
-        start_step(self.job_config if hasattr(self, "job_config") else self.config, self.step)
+        start_step(trainer_config(self), self.step)
         return super().train_step(data_iterator)

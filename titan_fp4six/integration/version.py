@@ -35,3 +35,9 @@ def require(wanted: str, what: str) -> None:
     if have != wanted:
         raise ImportError(f"{what} is the integration for torchtitan {wanted}.x, but torchtitan {installed()} is "
                           f"installed: use {SUPPORTED[have]}")
+
+
+def trainer_config(trainer):
+    """The run's config held by a torchtitan Trainer: 0.2 keeps it as `job_config`, 0.3 as `config` (the
+    plugin's trainer mixins serve both)."""
+    return trainer.job_config if hasattr(trainer, "job_config") else trainer.config
