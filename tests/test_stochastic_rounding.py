@@ -4,14 +4,12 @@ reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without C
 the dense op's reproducibility and the recipe / config checks."""
 
 import math
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
 
+from tests.helpers.interpreter import configs_checked
 from titan_fp4six.dispatch import nvfp4_dequantize, tensor_amax
 from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic
@@ -22,7 +20,6 @@ from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_si
 from titan_fp4six.ops.recipe import KNOBS
 from titan_fp4six.ops.rounding import derive_seed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -34,13 +31,7 @@ def test_interpreted_philox_and_kernel_match_reference():
     NVFP4 (rows, columnwise, with and without the decode; zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero
     amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
     TRITON_INTERPRET is read when the kernels are defined)."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.interp_stochastic"], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
-    summary = [line for line in proc.stdout.splitlines() if line.startswith("configs")]
-    assert proc.returncode == 0 and summary, proc.stdout[-5000:] + proc.stderr[-3000:]
-    assert int(summary[0].split()[1]) >= 30
+    assert configs_checked("interp_stochastic", 600) >= 30
 
 
 def test_philox_known_values_and_range():
