@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from titan_fp4six import (FourOverSixRecipe, dispatch, four_over_six_grouped_mm, four_over_six_linear,
-                          four_over_six_quantize, numerics, tensor_amax)
+                          four_over_six_quantize, tensor_amax)
 from titan_fp4six.numerics import reference
-from titan_fp4six.numerics.spec import NVFP4, OperandSpec, four_over_six_spec
+from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec, four_over_six_spec
 
 
 def _needs_cuda(command: str) -> None:
@@ -57,7 +57,9 @@ def _copy(nbytes: int):
 
 
 def _same(a, b) -> bool:
-    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b))
+    """Bitwise equality of two tuples of tensors (None where an output was not asked for)."""
+    return len(a) == len(b) and all(x is None and y is None or x is not None and y is not None
+                                    and torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b))
 
 
 def _header(rounds: int) -> None:
@@ -98,8 +100,8 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     }, rep_ms, rounds)
     fos, fused, std, copy_q, copy_d = t["fos"], t["fused"], t["std"], t["copy_q"], t["copy_d"]
     ref = _ms(lambda: reference.four_over_six_reference(x, amax, block, "mse", 256), rep_ms * 2)
-    exact = _same(kq.quantize(x, amax, OperandSpec(block=block))[:3],
-                  reference.four_over_six_reference(x, amax, block, "mse", 256))
+    want = reference.four_over_six_reference(x, amax, block, "mse", 256)
+    exact = _same(kq.quantize(x, amax, OperandSpec(block=block))[:len(want)], want)
     print(f"{rows}x{cols} {mode:6s} {block:5s} | 4/6 {fos:7.3f} ms {quant_bytes / fos / 1e6:6.0f} GB/s "
           f"= {copy_q / fos:5.1%} of copy | ref {ref:8.2f} ms x{ref / fos:6.1f} bitwise={exact} | "
           f"NVFP4 {std:6.3f} ms, 4/6 / NVFP4 = {fos / std:4.2f} | fused decode {fused:6.3f} ms "
@@ -143,14 +145,15 @@ def _kernel_row(name, nbytes, t_kernel, t_copy, t_unfused, exact):
 
 def operand_kernels(m, k, rep_ms, rounds):
     """NVFP4 quantize + decode fused; columnwise 4/6 and NVFP4 (x^T read in place) with and without the decode,
-    against pad + transpose + contiguous then the row-major kernel; decode and dequantize against numerics'."""
+    against pad + transpose + contiguous then the row-major kernel; decode and dequantize against the reference;
+    the stochastic-rounding NVFP4 quantizer (rows, columnwise) against the reference with the same Philox bits."""
     from titan_fp4six.kernels import decode as kd
     from titan_fp4six.kernels import hadamard as kh
     from titan_fp4six.kernels import quantize as kq
     from titan_fp4six.numerics.hadamard import rht16_columns_reference
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
-    amax = numerics.tensor_amax(x)
+    amax = tensor_amax(x)
     n, mp = m * k, -(-m // 16) * 16
     np_ = mp * k  # elements of the padded transpose
     q46 = lambda e: e * 2 + e // 2 + 2 * (e // 16)  # noqa: E731  bf16 read; codes, scales, map4 written
@@ -161,7 +164,7 @@ def operand_kernels(m, k, rep_ms, rounds):
 
     fns = {
         "nv_dec": lambda: kq.quantize(x, amax, NVFP4, True),
-        "nv_dec_unfused": lambda: numerics.decode_block_scaled(*kq.quantize(x, amax, NVFP4)[:2]),
+        "nv_dec_unfused": lambda: reference.decode_block_scaled_reference(*kq.quantize(x, amax, NVFP4)[:2]),
         "col46": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), False),
         "col46_unfused": lambda: kq.quantize(transposed(), amax, OperandSpec()),
         "col46d": lambda: kq.quantize_columnwise(x, amax, OperandSpec(), True),
@@ -174,30 +177,45 @@ def operand_kernels(m, k, rep_ms, rounds):
     codes, scales = kq.quantize(x, amax, NVFP4)[:2]
     fns.update({
         "dec": lambda: kd.decode_block_scaled(codes, scales),
-        "dec_unfused": lambda: numerics.decode_block_scaled(codes, scales),
+        "dec_unfused": lambda: reference.decode_block_scaled_reference(codes, scales),
         "deq": lambda: kd.nvfp4_dequantize(codes, scales, amax, 448, torch.bfloat16),
-        "deq_unfused": lambda: numerics.nvfp4_dequantize(codes, scales, amax, scale_bound=448, dtype=torch.bfloat16),
+        "deq_unfused": lambda: reference.dequantize_reference(codes, scales, amax, 448, torch.bfloat16),
     })
     fns.update({"rht": lambda: kh.rht16_columns(x), "rht_unfused": lambda: rht16_columns_reference(x)})
+    seed = 12345
+    fns.update({  # gradient_rounding='stochastic': the same kernels drawing Philox bits per element
+        "nv": lambda: kq.quantize(x, amax, NVFP4),
+        "nv_unfused": lambda: reference.nvfp4_reference(x, amax),
+        "nvsr": lambda: kq.quantize(x, amax, NVFP4_STOCHASTIC, seed=seed),
+        "nvsr_unfused": lambda: reference.nvfp4_reference(x, amax, seed),
+        "colnvsr": lambda: kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, False, seed=seed),
+        "colnvsr_unfused": lambda: kq.quantize(transposed(), amax, NVFP4_STOCHASTIC, seed=seed),
+    })
     sizes = {"nv_dec": qnv(n) + 2 * n, "col46": q46(n), "col46d": q46(np_) + 2 * np_, "colnv": qnv(np_),
              "colnvd": qnv(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n, "deq": n // 2 + n // 16 + 2 * n,
-             "rht": 2 * n + 2 * np_}
+             "rht": 2 * n + 2 * np_, "nv": qnv(n), "nvsr": qnv(n), "colnvsr": qnv(np_)}
     for name, nbytes in sizes.items():
         fns["copy_" + name] = _copy(nbytes)
     t = _least_of_rounds(fns, rep_ms, rounds)
     exact = {
-        "nv_dec": _same(fns["nv_dec"](), (fns["nv_dec_unfused"](), codes, scales)),
-        "col46": _same(fns["col46"]()[1:], fns["col46_unfused"]()),
+        "nv_dec": _same(fns["nv_dec"](), (codes, scales, None, fns["nv_dec_unfused"]())),
+        "col46": _same(fns["col46"](), fns["col46_unfused"]()),
         "col46d": _same(fns["col46d"](), fns["col46d_unfused"]()),
-        "colnv": _same(fns["colnv"]()[1:], fns["colnv_unfused"]()),
+        "colnv": _same(fns["colnv"](), fns["colnv_unfused"]()),
         "colnvd": _same(fns["colnvd"](), fns["colnvd_unfused"]()),
         "dec": _same((fns["dec"](), ), (fns["dec_unfused"](), )),
         "deq": _same((fns["deq"](), ), (fns["deq_unfused"](), )),
         "rht": _same((fns["rht"](), ), (fns["rht_unfused"](), )),
+        "nv": _same(fns["nv"]()[:2], fns["nv_unfused"]()),
+        "nvsr": _same(fns["nvsr"]()[:2], fns["nvsr_unfused"]()),
+        "colnvsr": _same(fns["colnvsr"](), fns["colnvsr_unfused"]()),
     }
     labels = {"nv_dec": "NVFP4 quantize+decode fused", "col46": "columnwise 4/6", "col46d": "columnwise 4/6 + decode",
               "colnv": "columnwise NVFP4", "colnvd": "columnwise NVFP4 + decode", "dec": "decode_block_scaled",
-              "deq": "nvfp4_dequantize bf16", "rht": "rht16 down the columns (wgrad_rht; unfused: the reference)"}
+              "deq": "nvfp4_dequantize bf16", "rht": "rht16 down the columns (wgrad_rht; unfused: the reference)",
+              "nv": "NVFP4 round-to-nearest (unfused: the reference)",
+              "nvsr": "NVFP4 stochastic rounding (unfused: the reference, same Philox bits)",
+              "colnvsr": "columnwise NVFP4 stochastic rounding"}
     print(f"\n{m}x{k} bf16 x (columnwise: x^T, {k}x{mp})\n")
     print("| kernel | ms | % of copy | unfused ms | speedup | MB moved | bitwise |")
     print("|---|---|---|---|---|---|---|")
