@@ -1,7 +1,7 @@
 """The quantizer kernel's generated code pins the rounding of docs/numerics.md: compiled ahead of time for Hopper (sm_90)
 on the CPU, its PTX never contracts a*b + c into an FMA (enable_fp_fusion=False; the only FMAs are the explicit
 ones of the four-over-six error estimate and its bounds, and of the division-free roundings div6 and
-_newton_inverse_scale, each proven or checked on every input) and every FP32 division is the correctly
+newton_inverse_scale, each proven or checked on every input) and every FP32 division is the correctly
 rounded div.rn, never Triton's default approximate division; and it is FP32 throughout (an FP32 subnormal
 constant once made Triton 3.6 compute the error bounds in FP64, with slow conversions)."""
 

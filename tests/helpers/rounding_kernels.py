@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from titan_fp4six.kernels.bits import div6, e2m1_magic, e4m3_byte, e4m3_round
-from titan_fp4six.kernels.quantize import _newton_inverse_scale
+from titan_fp4six.kernels.encode import newton_inverse_scale
 from titan_fp4six.numerics.formats import e2m1_encode
 
 _BLOCK = {"cuda": 1024, "cpu": 1 << 16}  # the interpreter's cost is per program
@@ -56,12 +56,12 @@ def mismatches(start_bits: int, stop_bits: int, stride: int, device) -> int:
 def _inverse_kernel(b_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(out_ptr + offs, _newton_inverse_scale(tl.load(b_ptr + offs, mask=mask, other=1.0), 1.0, -1.0),
+    tl.store(out_ptr + offs, newton_inverse_scale(tl.load(b_ptr + offs, mask=mask, other=1.0), 1.0, -1.0),
              mask=mask)
 
 
 def newton_inverse_mismatches(start_bits: int, stop_bits: int) -> int:
-    """b with FP32 bit patterns start..stop where _newton_inverse_scale(b) != min(1 / b, FLT_MAX) (GPU only:
+    """b with FP32 bit patterns start..stop where newton_inverse_scale(b) != min(1 / b, FLT_MAX) (GPU only:
     inline PTX)."""
     b = torch.arange(start_bits, stop_bits, dtype=torch.int32, device="cuda").view(torch.float32)
     out = torch.empty_like(b)

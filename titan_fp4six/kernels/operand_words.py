@@ -1,0 +1,152 @@
+"""How the quantizer reads its operand and writes its outputs: a block's 16 elements loaded as 32-bit words
+(row-major; vector loads of aligned runs) or element by element down a column (x^T read in place, rows past M
+as zeros), their FP32 values and sign bits, and the chunk's codes, scales, map-to-4 marks and decode stored."""
+
+import triton
+import triton.language as tl
+
+from .bits import SIGN_BIT
+
+
+@triton.jit
+def aligned_run(word, N: tl.constexpr):
+    """(BR, NB, N) word offsets word + 0..N-1, marked as N-aligned runs so they become one vector access."""
+    offs = word[:, :, None] + tl.arange(0, N)[None, None, :]
+    return tl.max_contiguous(tl.multiple_of(offs, [1, 1, N]), [1, 1, N])
+
+
+@triton.jit
+def load_words(ptr, word, mask, N: tl.constexpr, VEC: tl.constexpr):
+    """N consecutive int32 words from each block's first word as a tuple of (BR, NB) tensors. VEC (the launcher
+    guarantees 16-byte alignment) reads them four at a time: one 16-byte load per thread instead of four."""
+    ws = ()
+    for k in tl.static_range(N // 4 if VEC else N):
+        if VEC:
+            offs = aligned_run(word + 4 * k, 4)
+            v = tl.load(ptr + offs, mask=mask[:, :, None], other=0)
+            even, odd = tl.split(tl.reshape(v, [v.shape[0], v.shape[1], 2, 2]))
+            w0, w2 = tl.split(even)
+            w1, w3 = tl.split(odd)
+            ws = ws + (w0, w1, w2, w3)
+        else:
+            ws = ws + (tl.load(ptr + word + k, mask=mask, other=0), )
+    return ws
+
+
+@triton.jit
+def store_words(ptr, word, ws, mask, VEC: tl.constexpr, WHOLE_SECTORS: tl.constexpr = False):
+    """Store a tuple of 2 or 8 int32 (BR, NB) tensors at consecutive words from `word` (aligned to 8 or 16 bytes
+    when VEC): one 8- or 16-byte store per thread and group instead of one per word. Eight words stored as two
+    16-byte groups write half of each 32-byte sector per store instruction; WHOLE_SECTORS stores them as one
+    32-byte run, which Triton lays over two threads per block (a layout change through shared memory, or
+    shuffles within one warp) so each instruction writes whole sectors."""
+    if VEC:
+        if len(ws) == 2:
+            offs = aligned_run(word, 2)
+            tl.store(ptr + offs, tl.join(ws[0], ws[1]), mask=mask[:, :, None])
+        elif WHOLE_SECTORS:  # word 4a + 2b + c at index [a, b, c] of the joins, flattened in that order
+            run = tl.join(tl.join(tl.join(ws[0], ws[4]), tl.join(ws[2], ws[6])),
+                          tl.join(tl.join(ws[1], ws[5]), tl.join(ws[3], ws[7])))
+            offs = aligned_run(word, 8)
+            tl.store(ptr + offs, tl.reshape(run, [run.shape[0], run.shape[1], 8]), mask=mask[:, :, None])
+        else:
+            for k in tl.static_range(len(ws) // 4):
+                quad = tl.join(tl.join(ws[4 * k], ws[4 * k + 2]), tl.join(ws[4 * k + 1], ws[4 * k + 3]))
+                offs = aligned_run(word + 4 * k, 4)
+                tl.store(ptr + offs, tl.reshape(quad, [quad.shape[0], quad.shape[1], 4]), mask=mask[:, :, None])
+    else:
+        for j in tl.static_range(len(ws)):
+            tl.store(ptr + word + j, ws[j], mask=mask)
+
+
+@triton.jit
+def block_index(rows64, blks, NBLK, TILE16: tl.constexpr):
+    """Flat (row, block) index of the one-byte outputs. In the 16x16 (blocks, rows) layout it is declared
+    non-contiguous, so Triton stores it in the kernel's layout rather than moving it through shared memory."""
+    index = rows64 * NBLK + blks
+    return tl.max_contiguous(index, [1, 1]) if TILE16 else index
+
+
+@triton.jit
+def word_to_f32(w, KIND: tl.constexpr, HIGH: tl.constexpr):
+    """FP32 of an fp32 word (KIND 0), or of the low / HIGH half of a bf16 (1) or fp16 (2) word; exact."""
+    if KIND == 0:
+        return w.to(tl.float32, bitcast=True)
+    if KIND == 1:
+        return (w & -65536).to(tl.float32, bitcast=True) if HIGH else (w << 16).to(tl.float32, bitcast=True)
+    return ((w >> 16) if HIGH else w).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def block_magnitudes(ws, KIND: tl.constexpr):
+    """|x| of the 16 elements of each block as a tuple of FP32 (BR, NB) tensors, from its words (16-bit inputs:
+    element 2j in the low half of word j). The fast path works on magnitudes (|x * inv| = |x| * inv, one abs
+    per element for both candidates) and takes the signs from the words (with_signs)."""
+    xs = ()
+    for j in tl.static_range(len(ws)):
+        if KIND == 0:
+            xs = xs + (tl.abs(word_to_f32(ws[j], KIND, False)), )
+        else:
+            xs = xs + (tl.abs(word_to_f32(ws[j], KIND, False)), tl.abs(word_to_f32(ws[j], KIND, True)))
+    return xs
+
+
+@triton.jit
+def sign_bit(ws, i: tl.constexpr, KIND: tl.constexpr):
+    """The IEEE sign of element i of each block, in bit 31 of an int32, read off its word."""
+    if KIND == 0:
+        return ws[i] & SIGN_BIT
+    return (ws[i // 2] if i % 2 == 1 else ws[i // 2] << 16) & SIGN_BIT
+
+
+@triton.jit
+def column_start(rows64, blks, stride, M):
+    """Where the blocks of x^T start in a row-major x (M, K) of row stride `stride` elements: for output row k
+    (x's column) and block b, element i is x[16b + i, k] at offset + i * stride, and exists for i < left (rows at
+    or past M read as the zero rows that pad x to a multiple of 16). (offset, stride, left)."""
+    return (blks.to(tl.int64) * 16) * stride + rows64, stride, M - blks * 16
+
+
+@triton.jit
+def load_column_words(ptr, where, mask, KIND: tl.constexpr):
+    """The words load_words gives for a block of x^T, built from its 16 element loads down a column of x (ptr
+    addresses elements: int16 for 16-bit input, int32 for fp32); each load is a contiguous run over a warp's
+    consecutive columns. Missing rows (padding) load as +0."""
+    start, stride, left = where
+    es = ()
+    for i in tl.static_range(16):
+        es = es + (tl.load(ptr + start + i * stride, mask=mask & (i < left), other=0).to(tl.int32), )
+    ws = es
+    if KIND != 0:  # two 16-bit elements per word, element 2j in the low half
+        ws = ()
+        for j in tl.static_range(8):
+            ws = ws + ((es[2 * j] & 0xFFFF) | (es[2 * j + 1] << 16), )
+    return ws
+
+
+@triton.jit
+def load_element(x_ptr, word, i, mask, KIND: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """Element i (a runtime index) of each block as FP32, read from memory again (the exact path's input).
+    TRANSPOSED: word is column_start's (offset, stride, left) and x_ptr addresses elements."""
+    if TRANSPOSED:
+        start, stride, left = word
+        w = tl.load(x_ptr + start + i * stride, mask=mask & (i < left), other=0).to(tl.int32)
+        return word_to_f32(w, KIND, False)
+    else:  # a constexpr branch: a tuple word never reaches the row-major code
+        if KIND == 0:
+            return word_to_f32(tl.load(x_ptr + word + i, mask=mask, other=0), KIND, False)
+        w = tl.load(x_ptr + word + i // 2, mask=mask, other=0)
+        return word_to_f32(tl.where(i % 2 == 0, w, w >> 16), KIND, False)
+
+
+@triton.jit
+def store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, pick, dec,
+                 WRITE_MAP4: tl.constexpr, TILE16: tl.constexpr, WRITE_DEC: tl.constexpr):
+    """A chunk's outputs: scale bytes and packed codes; the map-to-4 flags (WRITE_MAP4) and the decode."""
+    index = block_index(rows64, blks, NBLK, TILE16)
+    if WRITE_MAP4:
+        tl.store(map4_ptr + index, pick.to(tl.uint8), mask=ok)
+    if WRITE_DEC:  # whole sectors for 16x16 (0.237 -> 0.230 ms on an H200), not for 1x16 (0.176 -> 0.188 ms)
+        store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True, TILE16)
+    tl.store(scales_ptr + index, sf.to(tl.uint8), mask=ok)
+    store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
