@@ -523,35 +523,40 @@ def _assert_amax_covers(bamax, amax, ok):
 
 @triton.jit
 def _stochastic_e2m1(a, r):
-    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 32 random bits r
-    (uint32), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly when
-    r < t = (a - lo) * (2^32 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of two);
-    for an integer r that is r < ceil(t), compared in int64 (ceil(t) <= 2^32)."""
+    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
+    (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
+    when r < t = (a - lo) * (2^16 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of
+    two); for an integer r that is r < ceil(t), compared in int32 (ceil(t) <= 2^16)."""
     idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
            + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32) + (a >= 6.0).to(tl.int32))
-    factor = tl.where(a < 2.0, 8589934592.0, tl.where(a < 4.0, 4294967296.0, 2147483648.0))
+    factor = tl.where(a < 2.0, 131072.0, tl.where(a < 4.0, 65536.0, 32768.0))
     t = (a - e2m1_value(idx)) * factor
     t = tl.where(a == a, t, 0.0)
-    up = (r.to(tl.int64) & 0xFFFFFFFF) < tl.math.ceil(t).to(tl.int64)
+    up = r < tl.math.ceil(t).to(tl.int32)
     return idx + up.to(tl.int32)
 
 
 @triton.jit
 def _stochastic_codes(xs, ws, inv, seed, first, KIND: tl.constexpr):
     """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
-    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the random bits tl.randint(seed, first + i) and
-    the sign of x, read off its word (that of q: inv > 0); NaN gets NAN_CODE."""
+    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the sign of x, read off its word (that of q:
+    inv > 0), and NaN gets NAN_CODE. first (int64) is the block's first element index, a multiple of 16: the
+    random bits of element i = 8j + 2w + h are half h (0: the low 16 bits) of word w of
+    tl.randint4x(seed, first // 8 + j), two Philox evaluations per block."""
     lo = tl.zeros(inv.shape, tl.int32)
     hi = tl.zeros(inv.shape, tl.int32)
-    for i in tl.static_range(16):
-        a = clamp_max(xs[i] * inv, 6.0)
-        mag = _stochastic_e2m1(a, tl.randint(seed, first + i))
-        sign = (_sign_bit(ws, i, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
-        code = tl.where(a == a, mag | sign, NAN_CODE)
-        if i < 8:
-            lo = lo | (code << (4 * i))
-        else:
-            hi = hi | (code << (4 * (i - 8)))
+    for j in tl.static_range(2):
+        words = tl.randint4x(seed, first // 8 + j)
+        for k in tl.static_range(8):
+            r = ((words[k // 2] >> (16 * (k % 2))) & 0xFFFF).to(tl.int32)
+            a = clamp_max(xs[8 * j + k] * inv, 6.0)
+            mag = _stochastic_e2m1(a, r)
+            sign = (_sign_bit(ws, 8 * j + k, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+            code = tl.where(a == a, mag | sign, NAN_CODE)
+            if j == 0:
+                lo = lo | (code << (4 * k))
+            else:
+                hi = hi | (code << (4 * k))
     return lo, hi
 
 
@@ -602,8 +607,9 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     each per program, the programs spread over the buffer's rows: the statistics without a mask or a reduction
     launch), 0 does neither.
 
-    STOCHASTIC (NVFP4 only) rounds the codes stochastically with tl.randint(seed, element index in the
-    quantized matrix), docs/numerics.md section 12; seed is unused otherwise. Its scales are the nearest mode's."""
+    STOCHASTIC (NVFP4 only) rounds the codes stochastically with 16 random bits per element, from
+    tl.randint4x(seed, element index in the quantized matrix // 8) (docs/numerics.md section 12: one Philox
+    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
