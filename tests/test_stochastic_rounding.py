@@ -304,10 +304,17 @@ def test_config_sets_the_seeds_from_debug_seed_and_step():
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
 def test_gpu_kernel_matches_reference_sweep(dtype):
     """The Triton stochastic NVFP4 quantizer on the GPU against the reference (same seed), bitwise: every data
-    kind, row-major with and without the decode and columnwise, several seeds, realistic shapes last."""
+    kind, row-major with and without the decode and columnwise, several seeds, realistic shapes last. The
+    reference runs on the same CUDA tensors (integer ops and single FP32 ops: the same bytes on any device; on
+    the CPU the larger shapes take minutes), and on one small case also on the CPU, bitwise equal."""
     from tests.helpers.kernel_cases import KINDS, cases
     from tests.helpers.operand_cases import column_case, same_bytes
     from titan_fp4six.kernels import quantize as kq
+
+    x, amax = column_case("nan_inf", 37, 272, dtype, torch.Generator().manual_seed(5))
+    cpu = reference.nvfp4_reference(x, amax, 2 ** 62 + 9)
+    on_gpu = reference.nvfp4_reference(x.cuda(), amax.cuda(), 2 ** 62 + 9)
+    assert same_bytes(cpu[0], on_gpu[0].cpu()) and same_bytes(cpu[1], on_gpu[1].cpu())
 
     failures, checked = [], 0
     shapes = [(1, 16), (7, 48), (33, 272), (64, 2064), (256, 4096)]
@@ -315,24 +322,26 @@ def test_gpu_kernel_matches_reference_sweep(dtype):
         if block != "1x16" or amax.dim():
             continue
         seed = (n * 0x9E3779B97F4A7C15) % 2 ** 63
+        x, amax = x.cuda(), amax.cuda()
         want_c, want_s = reference.nvfp4_reference(x, amax, seed)
         want_d = reference.decode_block_scaled_reference(want_c, want_s)
         for decode in (False, True):
-            c, s, _, d = kq.quantize(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, decode=decode, seed=seed)
+            c, s, _, d = kq.quantize(x, amax, NVFP4_STOCHASTIC, decode=decode, seed=seed)
             checked += 1
-            ok = same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
-            if not (ok and (not decode or same_bytes(d.cpu(), want_d))):
+            ok = same_bytes(c, want_c) and same_bytes(s, want_s)
+            if not (ok and (not decode or same_bytes(d, want_d))):
                 failures.append(f"{label}/seed={seed}/decode={decode}")
     gen = torch.Generator().manual_seed(6)
     for (m, k), kind in [((1, 16), "normal"), ((37, 272), "nan_inf"), ((100, 400), "wide"),
                          ((255, 1000), "saturate"), ((1024, 2048), "normal")]:
         x, amax = column_case(kind, m, k, dtype, gen)
+        x, amax = x.cuda(), amax.cuda()
         xt = torch.nn.functional.pad(x, (0, 0, 0, -m % 16)).t().contiguous()
         want_c, want_s = reference.nvfp4_reference(xt, amax, 77)
-        c, s, _, d = kq.quantize_columnwise(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, True, seed=77)
+        c, s, _, d = kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, True, seed=77)
         checked += 1
-        if not (same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
-                and same_bytes(d.cpu(), reference.decode_block_scaled_reference(want_c, want_s))):
+        if not (same_bytes(c, want_c) and same_bytes(s, want_s)
+                and same_bytes(d, reference.decode_block_scaled_reference(want_c, want_s))):
             failures.append(f"columnwise/{m}x{k}/{kind}")
     assert not failures, f"{len(failures)}/{checked}:\n" + "\n".join(failures[:20])
 
