@@ -183,7 +183,7 @@ def operand_kernels(m, k, rep_ms, rounds):
     })
     fns.update({"rht": lambda: kh.rht16_columns(x), "rht_unfused": lambda: rht16_columns_reference(x)})
     seed = 12345
-    fns.update({  # gradient_rounding='stochastic': the same kernels drawing Philox bits per element
+    fns.update({  # gradient_rounding='stochastic': the same kernels drawing 16 Philox bits per element
         "nv": lambda: kq.quantize(x, amax, NVFP4),
         "nv_unfused": lambda: reference.nvfp4_reference(x, amax),
         "nvsr": lambda: kq.quantize(x, amax, NVFP4_STOCHASTIC, seed=seed),

@@ -1,5 +1,6 @@
 """Stochastic rounding of the quantized backward's gradient operand (gradient_rounding = "stochastic",
-docs/numerics.md section 12): Philox bits equal to Triton's, the rounding rule and its unbiasedness, kernel ==
+docs/numerics.md section 12): Philox words equal to Triton's, 16 bits per element, the rounding rule and its
+unbiasedness, kernel ==
 reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without CUDA), nearest mode unchanged,
 the dense op's reproducibility and the recipe / config checks."""
 
@@ -13,7 +14,7 @@ from tests.helpers.interpreter import configs_checked
 from titan_fp4six.dispatch import nvfp4_dequantize, tensor_amax
 from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic
-from titan_fp4six.numerics.philox import philox_randint
+from titan_fp4six.numerics.philox import philox4x32, stochastic_bits
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
 from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm,
                               quantize_linear_weight, set_rounding_seed)
@@ -27,7 +28,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 # ---- Philox and the kernel under Triton's interpreter --------------------------------------------------------------
 
 def test_interpreted_philox_and_kernel_match_reference():
-    """numerics.philox == tl.randint for seeds and offsets up to 2^63 - 1, and the Triton quantizer's stochastic
+    """numerics.philox == tl.randint4x (all four words) for seeds and counters up to 2^63 - 1, and the Triton
+    quantizer's stochastic
     NVFP4 (rows, columnwise, with and without the decode; zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero
     amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
     TRITON_INTERPRET is read when the kernels are defined)."""
@@ -35,14 +37,40 @@ def test_interpreted_philox_and_kernel_match_reference():
 
 
 def test_philox_known_values_and_range():
-    """Pinned outputs (tl.randint's, checked under the interpreter above) and uint32 range for large offsets."""
-    offsets = torch.tensor([0, 1, 2], dtype=torch.int64)
-    assert philox_randint(0, offsets).tolist() == [1713891541, 4175744164, 83534633]
-    assert philox_randint(42, offsets).tolist() == [2632642643, 4242219303, 3547071013]
-    big = philox_randint(2 ** 63 - 1, torch.arange(2 ** 40, 2 ** 40 + 4096))
-    assert big.dtype == torch.int64 and int(big.min()) >= 0 and int(big.max()) < 2 ** 32
-    with pytest.raises(ValueError, match="seed"):
-        philox_randint(-1, offsets)
+    """Pinned outputs (tl.randint4x's, checked under the interpreter above; word 0 is the former tl.randint's) and
+    uint32 range for large counters."""
+    counters = torch.tensor([0, 1, 2], dtype=torch.int64)
+    assert philox4x32(0, counters).tolist() == [[1713891541, 3781805453, 3159862348, 2600524760],
+                                                [4175744164, 1555169499, 2980410603, 159317863],
+                                                [83534633, 1372009126, 605361069, 1167144420]]
+    assert philox4x32(42, counters).tolist() == [[2632642643, 2012563771, 314527917, 1463989207],
+                                                 [4242219303, 1404726525, 2207210094, 1951270651],
+                                                 [3547071013, 2827443659, 2588765593, 3322520921]]
+    big = philox4x32(2 ** 63 - 1, torch.arange(2 ** 40, 2 ** 40 + 4096))
+    assert big.shape == (4096, 4) and big.dtype == torch.int64
+    assert int(big.min()) >= 0 and int(big.max()) < 2 ** 32
+    for seed in (-1, 2 ** 63):
+        with pytest.raises(ValueError, match="seed"):
+            philox4x32(seed, counters)
+        with pytest.raises(ValueError, match="seed"):
+            stochastic_bits(seed, (1, 16))
+
+
+def test_stochastic_bits_are_16_bit_halves_of_the_philox_words():
+    """Element n gets (W[(n mod 8) div 2] >> 16 (n mod 2)) & 0xFFFF of W = philox4x32(seed, n div 8), written out
+    element by element; the first counter's by hand (0x6627E8D5 -> 0xE8D5, 0x6627); a shape whose element count
+    is not a multiple of 8 takes a prefix; 16-bit range and every value about equally often."""
+    for seed in (0, 5, 2 ** 63 - 1):
+        bits = stochastic_bits(seed, (6, 48))
+        words = philox4x32(seed, torch.arange(6 * 48 // 8)).tolist()
+        want = [(words[n // 8][(n % 8) // 2] >> (16 * (n % 2))) & 0xFFFF for n in range(6 * 48)]
+        assert bits.shape == (6, 48) and bits.dtype == torch.int64 and bits.flatten().tolist() == want
+        assert torch.equal(stochastic_bits(seed, (3, 5)).flatten(), bits.flatten()[:15])
+    assert stochastic_bits(0, (8, )).tolist()[:2] == [0xE8D5, 0x6627]
+    big = stochastic_bits(9, (1 << 20, ))
+    assert int(big.min()) == 0 and int(big.max()) == 2 ** 16 - 1
+    counts = torch.bincount(big >> 8, minlength=256).double()  # 4096 expected per high byte
+    assert bool(((counts - 4096).abs() <= 5 * math.sqrt(4096) + 1).all())
 
 
 # ---- the rounding rule -------------------------------------------------------------------------------------------
@@ -65,23 +93,23 @@ def _interval_values():
 
 
 def test_rule_goes_up_exactly_when_bits_are_below_the_threshold():
-    """up <=> r < ceil(t), t = (a - lo) * 2^32 / (hi - lo): checked at r = ceil(t) - 1 and r = ceil(t); grid points
+    """up <=> r < ceil(t), t = (a - lo) * 2^16 / (hi - lo): checked at r = ceil(t) - 1 and r = ceil(t); grid points
     (t = 0) never move; the sign is q's and NaN takes the canonical code."""
     a = _interval_values()
     lo, hi = _neighbours(a)
     step = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-    t = ((a.double() - lo.double()) / step.double()) * 2.0 ** 32
+    t = ((a.double() - lo.double()) / step.double()) * 2.0 ** 16
     ceil_t = torch.ceil(t).to(torch.int64)
     for sign in (1.0, -1.0):
         q = a * sign
-        down = e2m1_encode_stochastic(q, torch.clamp(ceil_t, max=2 ** 32 - 1))
+        down = e2m1_encode_stochastic(q, torch.clamp(ceil_t, max=2 ** 16 - 1))
         got_down = e2m1_decode(down)
         on_grid = ceil_t == 0
-        assert torch.equal(got_down.abs(), torch.where(ceil_t >= 2 ** 32, hi, lo)), "r = ceil(t) must round down"
+        assert torch.equal(got_down.abs(), torch.where(ceil_t >= 2 ** 16, hi, lo)), "r = ceil(t) must round down"
         up = e2m1_encode_stochastic(q, torch.clamp(ceil_t - 1, min=0))
         assert torch.equal(e2m1_decode(up).abs(), torch.where(on_grid, lo, hi)), "r = ceil(t) - 1 must round up"
         assert torch.equal(torch.signbit(e2m1_decode(up)), torch.signbit(q))
-    nan = e2m1_encode_stochastic(torch.tensor([float("nan"), -float("nan")]), torch.tensor([0, 2 ** 32 - 1]))
+    nan = e2m1_encode_stochastic(torch.tensor([float("nan"), -float("nan")]), torch.tensor([0, 2 ** 16 - 1]))
     assert nan.tolist() == [3, 3]
     assert e2m1_encode_stochastic(torch.tensor([-0.0]), torch.tensor([0])).item() == 0x8
 
@@ -89,7 +117,7 @@ def test_rule_goes_up_exactly_when_bits_are_below_the_threshold():
 def test_codes_are_always_a_neighbour_of_q():
     g = torch.Generator().manual_seed(0)
     q = torch.clamp(torch.randn(1 << 14, generator=g) * 3, -6, 6)
-    codes = e2m1_encode_stochastic(q, philox_randint(7, torch.arange(q.numel())))
+    codes = e2m1_encode_stochastic(q, stochastic_bits(7, q.shape))
     lo, hi = _neighbours(q.abs())
     v = e2m1_decode(codes).abs()
     assert bool(((v == lo) | (v == hi)).all())
@@ -98,23 +126,25 @@ def test_codes_are_always_a_neighbour_of_q():
 
 
 def test_rule_is_unbiased_per_interval():
-    """For each value (every interval, its edges, one ulp inside them), 8192 independent draws (distinct Philox
-    offsets): the number of round-ups k satisfies |k - n p| <= 5 sqrt(n p (1 - p)) + 1, p = (a - lo) / (hi - lo)
-    the exact probability (the rule's ceil(t) / 2^32 differs from p by < 2^-32); so the mean decoded value is a
-    within 5 binomial standard deviations (+ one draw)."""
+    """For each value (every interval, its edges, one ulp inside them), 8192 draws (distinct element indices): the
+    rule's probability P = ceil(t) / 2^16 exceeds the exact p = (a - lo) / (hi - lo) by less than 2^-16, and the
+    number of round-ups k satisfies |k - n P| <= 5 sqrt(n P (1 - P)) + 1 (5 binomial standard deviations, + one
+    draw); so the mean decoded value is a within (hi - lo) (that bound / n + 2^-16)."""
     a = _interval_values()
     n = 8192
     q = a[:, None].expand(-1, n).contiguous()
-    bits = philox_randint(123, torch.arange(q.numel()).view(q.shape))
+    bits = stochastic_bits(123, q.shape)
     v = e2m1_decode(e2m1_encode_stochastic(q, bits)).double()
     lo, hi = _neighbours(a)
     step = torch.where(hi > lo, hi - lo, torch.ones_like(hi)).double()
     p = (a.double() - lo.double()) / step
+    prob = torch.ceil(p * 2.0 ** 16) / 2.0 ** 16  # p * 2^16 is t, exact in FP64 as in FP32
+    assert bool(((prob - p >= 0) & (prob - p <= 2.0 ** -16)).all())  # < 2^-16 exactly; FP64's difference rounds
     ups = (v > lo.double()[:, None]).sum(dim=1).double()
-    bound = 5 * torch.sqrt(n * p * (1 - p)) + 1
-    assert bool(((ups - n * p).abs() <= bound).all()), (a[(ups - n * p).abs() > bound], ups, n * p)
+    bound = 5 * torch.sqrt(n * prob * (1 - prob)) + 1
+    assert bool(((ups - n * prob).abs() <= bound).all()), (a[(ups - n * prob).abs() > bound], ups, n * prob)
     mean = v.mean(dim=1)
-    assert bool(((mean - a.double()).abs() <= step * bound / n).all())
+    assert bool(((mean - a.double()).abs() <= step * (bound / n + 2.0 ** -16)).all())
 
 
 def test_reference_quantizer_is_unbiased_and_keeps_the_scales():
@@ -274,10 +304,17 @@ def test_config_sets_the_seeds_from_debug_seed_and_step():
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
 def test_gpu_kernel_matches_reference_sweep(dtype):
     """The Triton stochastic NVFP4 quantizer on the GPU against the reference (same seed), bitwise: every data
-    kind, row-major with and without the decode and columnwise, several seeds, realistic shapes last."""
+    kind, row-major with and without the decode and columnwise, several seeds, realistic shapes last. The
+    reference runs on the same CUDA tensors (integer ops and single FP32 ops: the same bytes on any device; on
+    the CPU the larger shapes take minutes), and on one small case also on the CPU, bitwise equal."""
     from tests.helpers.kernel_cases import KINDS, cases
     from tests.helpers.operand_cases import column_case, same_bytes
     from titan_fp4six.kernels import quantize as kq
+
+    x, amax = column_case("nan_inf", 37, 272, dtype, torch.Generator().manual_seed(5))
+    cpu = reference.nvfp4_reference(x, amax, 2 ** 62 + 9)
+    on_gpu = reference.nvfp4_reference(x.cuda(), amax.cuda(), 2 ** 62 + 9)
+    assert same_bytes(cpu[0], on_gpu[0].cpu()) and same_bytes(cpu[1], on_gpu[1].cpu())
 
     failures, checked = [], 0
     shapes = [(1, 16), (7, 48), (33, 272), (64, 2064), (256, 4096)]
@@ -285,24 +322,26 @@ def test_gpu_kernel_matches_reference_sweep(dtype):
         if block != "1x16" or amax.dim():
             continue
         seed = (n * 0x9E3779B97F4A7C15) % 2 ** 63
+        x, amax = x.cuda(), amax.cuda()
         want_c, want_s = reference.nvfp4_reference(x, amax, seed)
         want_d = reference.decode_block_scaled_reference(want_c, want_s)
         for decode in (False, True):
-            c, s, _, d = kq.quantize(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, decode=decode, seed=seed)
+            c, s, _, d = kq.quantize(x, amax, NVFP4_STOCHASTIC, decode=decode, seed=seed)
             checked += 1
-            ok = same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
-            if not (ok and (not decode or same_bytes(d.cpu(), want_d))):
+            ok = same_bytes(c, want_c) and same_bytes(s, want_s)
+            if not (ok and (not decode or same_bytes(d, want_d))):
                 failures.append(f"{label}/seed={seed}/decode={decode}")
     gen = torch.Generator().manual_seed(6)
     for (m, k), kind in [((1, 16), "normal"), ((37, 272), "nan_inf"), ((100, 400), "wide"),
                          ((255, 1000), "saturate"), ((1024, 2048), "normal")]:
         x, amax = column_case(kind, m, k, dtype, gen)
+        x, amax = x.cuda(), amax.cuda()
         xt = torch.nn.functional.pad(x, (0, 0, 0, -m % 16)).t().contiguous()
         want_c, want_s = reference.nvfp4_reference(xt, amax, 77)
-        c, s, _, d = kq.quantize_columnwise(x.cuda(), amax.cuda(), NVFP4_STOCHASTIC, True, seed=77)
+        c, s, _, d = kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, True, seed=77)
         checked += 1
-        if not (same_bytes(c.cpu(), want_c) and same_bytes(s.cpu(), want_s)
-                and same_bytes(d.cpu(), reference.decode_block_scaled_reference(want_c, want_s))):
+        if not (same_bytes(c, want_c) and same_bytes(s, want_s)
+                and same_bytes(d, reference.decode_block_scaled_reference(want_c, want_s))):
             failures.append(f"columnwise/{m}x{k}/{kind}")
     assert not failures, f"{len(failures)}/{checked}:\n" + "\n".join(failures[:20])
 
@@ -310,20 +349,24 @@ def test_gpu_kernel_matches_reference_sweep(dtype):
 @cuda
 @pytest.mark.gpu
 def test_gpu_philox_matches_reference():
+    """tl.randint4x compiled for the GPU == numerics.philox.philox4x32 (computed on the CPU), all four words, for
+    seeds and counters up to 2^63 - 1."""
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
     @triton.jit
-    def randint_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
+    def randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr):
         i = tl.arange(0, N)
-        tl.store(out_ptr + i, tl.randint(seed, tl.load(offsets_ptr + i)).to(tl.int64) & 0xFFFFFFFF)
+        words = tl.randint4x(seed, tl.load(counters_ptr + i))
+        for w in tl.static_range(4):
+            tl.store(out_ptr + 4 * i + w, words[w].to(tl.int64) & 0xFFFFFFFF)
 
-    offsets = torch.cat([torch.arange(4096), torch.arange(2 ** 32 - 2048, 2 ** 32 + 2048),
-                         torch.arange(2 ** 62, 2 ** 62 + 8192)])
-    for seed in (0, 1, 2 ** 31 + 5, 2 ** 62 + 3):
-        got = torch.zeros_like(offsets).cuda()
-        randint_kernel[(1, )](got, offsets.cuda(), seed, offsets.numel())
-        assert torch.equal(got.cpu(), philox_randint(seed, offsets))
+    counters = torch.cat([torch.arange(4096), torch.arange(2 ** 32 - 2048, 2 ** 32 + 2048),
+                          torch.arange(2 ** 62, 2 ** 62 + 4096), 2 ** 63 - 1 - torch.arange(4096)])
+    for seed in (0, 1, 2 ** 31 + 5, 2 ** 62 + 3, 2 ** 63 - 1):
+        got = torch.zeros(counters.numel(), 4, dtype=torch.int64, device="cuda")
+        randint4x_kernel[(1, )](got, counters.cuda(), seed, counters.numel())
+        assert torch.equal(got.cpu(), philox4x32(seed, counters))
 
 
 @cuda

@@ -1,6 +1,6 @@
 """Run by test_stochastic_rounding in a subprocess with TRITON_INTERPRET=1: numerics.philox against Triton's own
-tl.randint, and the Triton NVFP4 quantizer's stochastic rounding (row-major and columnwise, with and without
-the decode) against the reference, bitwise, on the CPU.
+tl.randint4x (all four words), and the Triton NVFP4 quantizer's stochastic rounding (row-major and columnwise,
+with and without the decode) against the reference, bitwise, on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_stochastic
 
@@ -20,29 +20,30 @@ from tests.helpers.kernel_cases import _data  # noqa: E402
 from tests.helpers.operand_cases import same_bytes  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.numerics import reference  # noqa: E402
-from titan_fp4six.numerics.philox import philox_randint  # noqa: E402
+from titan_fp4six.numerics.philox import philox4x32  # noqa: E402
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC  # noqa: E402
 
 SEEDS = (0, 1, 42, 2 ** 31 - 1, 2 ** 31 + 5, 2 ** 32 + 1, 2 ** 62 + 12345, 2 ** 63 - 1)
-OFFSETS = (0, 1, 2, 15, 16, 255, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 32 + 7, 2 ** 40 + 3, 2 ** 62 + 11,
-           123456789, 987654321012, 2 ** 63 - 1)
+COUNTERS = (0, 1, 2, 15, 16, 255, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 32 + 7, 2 ** 40 + 3, 2 ** 62 + 11,
+            123456789, 987654321012, 2 ** 63 - 1)
 KINDS = ("normal", "ties", "wide", "nan_inf", "saturate", "tiny_amax", "zero_amax", "nan_amax", "inf_amax")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _randint_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
+def _randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr):
     i = tl.arange(0, N)
-    r = tl.randint(seed, tl.load(offsets_ptr + i))
-    tl.store(out_ptr + i, r.to(tl.int64) & 0xFFFFFFFF)
+    words = tl.randint4x(seed, tl.load(counters_ptr + i))
+    for w in tl.static_range(4):
+        tl.store(out_ptr + 4 * i + w, words[w].to(tl.int64) & 0xFFFFFFFF)
 
 
 def philox(report):
-    offsets = torch.tensor(OFFSETS, dtype=torch.int64)
+    counters = torch.tensor(COUNTERS, dtype=torch.int64)
     for seed in SEEDS:
-        got = torch.zeros_like(offsets)
-        _randint_kernel[(1, )](got, offsets, seed, offsets.numel())
-        report(f"philox/seed={seed}", torch.equal(got, philox_randint(seed, offsets)))
+        got = torch.zeros(counters.numel(), 4, dtype=torch.int64)
+        _randint4x_kernel[(1, )](got, counters, seed, counters.numel())
+        report(f"philox/seed={seed}", torch.equal(got, philox4x32(seed, counters)))
 
 
 def quantizer(report):

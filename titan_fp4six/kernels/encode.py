@@ -1,11 +1,12 @@
 """The encode core every format shares: correctly rounded divisions, the candidate block scales and their
 inverses (spec steps 2-3), E2M1 codes by one-add rounding (bits.e2m1_magic) packed eight to a word with the
-input's sign bits set by bit operations, and the block-scaled decode of packed codes."""
+input's sign bits set by bit operations (rounded to nearest, or stochastically from Philox bits), and the
+block-scaled decode of packed codes."""
 
 import triton
 import triton.language as tl
 
-from .bits import FLT_MAX, clamp_max, div6, e2m1_magic, e2m1_value, e4m3_round
+from .bits import FLT_MAX, NAN_CODE, clamp_max, div6, e2m1_magic, e2m1_value, e4m3_round
 from .operand_words import sign_bit
 
 
@@ -162,3 +163,42 @@ def decode_word(lo, hi, sf, j: tl.constexpr):
     a = (e2m1_value((packed >> shift) & 15) * sf).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
     b = (e2m1_value((packed >> (shift + 4)) & 15) * sf).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
     return (a & 0xFFFF) | (b << 16)
+
+
+@triton.jit
+def stochastic_e2m1(a, r):
+    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
+    (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
+    when r < t = (a - lo) * (2^16 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of
+    two); for an integer r that is r < ceil(t), compared in int32 (ceil(t) <= 2^16)."""
+    idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
+           + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32) + (a >= 6.0).to(tl.int32))
+    factor = tl.where(a < 2.0, 131072.0, tl.where(a < 4.0, 65536.0, 32768.0))
+    t = (a - e2m1_value(idx)) * factor
+    t = tl.where(a == a, t, 0.0)
+    up = r < tl.math.ceil(t).to(tl.int32)
+    return idx + up.to(tl.int32)
+
+
+@triton.jit
+def stochastic_codes(xs, ws, inv, seed, first, KIND: tl.constexpr):
+    """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
+    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the sign of x, read off its word (that of q:
+    inv > 0), and NaN gets NAN_CODE. first (int64) is the block's first element index, a multiple of 16: the
+    random bits of element i = 8j + 2w + h are half h (0: the low 16 bits) of word w of
+    tl.randint4x(seed, first // 8 + j), two Philox evaluations per block."""
+    lo = tl.zeros(inv.shape, tl.int32)
+    hi = tl.zeros(inv.shape, tl.int32)
+    for j in tl.static_range(2):
+        words = tl.randint4x(seed, first // 8 + j)
+        for k in tl.static_range(8):
+            r = ((words[k // 2] >> (16 * (k % 2))) & 0xFFFF).to(tl.int32)
+            a = clamp_max(xs[8 * j + k] * inv, 6.0)
+            mag = stochastic_e2m1(a, r)
+            sign = (sign_bit(ws, 8 * j + k, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+            code = tl.where(a == a, mag | sign, NAN_CODE)
+            if j == 0:
+                lo = lo | (code << (4 * k))
+            else:
+                hi = hi | (code << (4 * k))
+    return lo, hi

@@ -21,14 +21,14 @@ import triton.language as tl
 
 from ..numerics.formats import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
 from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
-from .bits import (FLT_MAX, NAN_CODE, SIGN_BIT, clamp_max, e2m1_value, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal,
-                   nan_max, tree_sum16)
+from .bits import FLT_MAX, SIGN_BIT, clamp_max, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16
 from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
-from .encode import candidate_scales, decode_word, div, fast_encode_decode, inverse_scale, with_signs
+from .encode import (candidate_scales, decode_word, div, fast_encode_decode, inverse_scale, stochastic_codes,
+                     with_signs)
 from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, error_bounds, exact_candidate,
                        fast_candidate, four_six_exact, tile_max, value_step)
-from .operand_words import block_magnitudes, column_start, load_column_words, load_words, sign_bit, store_chunk
+from .operand_words import block_magnitudes, column_start, load_column_words, load_words, store_chunk
 
 
 class Launch(NamedTuple):
@@ -82,40 +82,6 @@ def _assert_amax_covers(bamax, amax, ok):
 
 
 @triton.jit
-def _stochastic_e2m1(a, r):
-    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 32 random bits r
-    (uint32), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly when
-    r < t = (a - lo) * (2^32 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of two);
-    for an integer r that is r < ceil(t), compared in int64 (ceil(t) <= 2^32)."""
-    idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
-           + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32) + (a >= 6.0).to(tl.int32))
-    factor = tl.where(a < 2.0, 8589934592.0, tl.where(a < 4.0, 4294967296.0, 2147483648.0))
-    t = (a - e2m1_value(idx)) * factor
-    t = tl.where(a == a, t, 0.0)
-    up = (r.to(tl.int64) & 0xFFFFFFFF) < tl.math.ceil(t).to(tl.int64)
-    return idx + up.to(tl.int32)
-
-
-@triton.jit
-def _stochastic_codes(xs, ws, inv, seed, first, KIND: tl.constexpr):
-    """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
-    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the random bits tl.randint(seed, first + i) and
-    the sign of x, read off its word (that of q: inv > 0); NaN gets NAN_CODE."""
-    lo = tl.zeros(inv.shape, tl.int32)
-    hi = tl.zeros(inv.shape, tl.int32)
-    for i in tl.static_range(16):
-        a = clamp_max(xs[i] * inv, 6.0)
-        mag = _stochastic_e2m1(a, tl.randint(seed, first + i))
-        sign = (sign_bit(ws, i, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
-        code = tl.where(a == a, mag | sign, NAN_CODE)
-        if i < 8:
-            lo = lo | (code << (4 * i))
-        else:
-            hi = hi | (code << (4 * (i - 8)))
-    return lo, hi
-
-
-@triton.jit
 def _bit_or(a, b):
     """Combine function of a bitwise-or reduction."""
     return a | b
@@ -162,8 +128,9 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     each per program, the programs spread over the buffer's rows: the statistics without a mask or a reduction
     launch), 0 does neither.
 
-    STOCHASTIC (NVFP4 only) rounds the codes stochastically with tl.randint(seed, element index in the
-    quantized matrix), docs/numerics.md section 12; seed is unused otherwise. Its scales are the nearest mode's."""
+    STOCHASTIC (NVFP4 only) rounds the codes stochastically with 16 random bits per element, from
+    tl.randint4x(seed, element index in the quantized matrix // 8) (docs/numerics.md section 12: one Philox
+    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
@@ -280,7 +247,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if STOCHASTIC:  # elementwise from the magnitudes, any input: no fast path to leave
                 sf = e4m3_bits(scaled)
-                lo, hi = _stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, KIND)
+                lo, hi = stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, KIND)
                 dec = ()
                 if WRITE_DEC:
                     for j in tl.static_range(8):

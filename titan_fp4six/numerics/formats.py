@@ -57,9 +57,9 @@ _E2M1_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the positive E2M1 magnitudes
 
 
 def e2m1_encode_stochastic(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """FP32 values already clamped to [-6, 6] and 32 random bits each (int64 in [0, 2^32)) -> unpacked E2M1 codes,
+    """FP32 values already clamped to [-6, 6] and 16 random bits each (int64 in [0, 2^16)) -> unpacked E2M1 codes,
     rounded stochastically (docs/numerics.md, section 12): a = |q| between neighbouring magnitudes lo <= a < hi
-    goes up exactly when r < t, t = (a - lo) * (2^32 / (hi - lo)), an exact FP32 value (a - lo is exact by
+    goes up exactly when r < t, t = (a - lo) * (2^16 / (hi - lo)), an exact FP32 value (a - lo is exact by
     Sterbenz's lemma, the factor a power of two); r < t <=> r < ceil(t) for an integer r. a = 6 stays 6. Sign as
     e2m1_encode; a NaN q gets NAN_CODE."""
     a = q.abs()
@@ -67,7 +67,7 @@ def e2m1_encode_stochastic(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     for g in _E2M1_GRID:
         idx += a >= g
     lo = e2m1_decode(idx.to(torch.uint8))
-    factor = torch.where(a < 2.0, 2.0 ** 33, torch.where(a < 4.0, 2.0 ** 32, 2.0 ** 31))
+    factor = torch.where(a < 2.0, 2.0 ** 17, torch.where(a < 4.0, 2.0 ** 16, 2.0 ** 15))
     t = (a - lo) * factor
     nan = torch.isnan(q)
     up = bits < torch.ceil(torch.where(nan, 0.0, t)).to(torch.int64)

@@ -13,7 +13,7 @@ import torch
 from .formats import (BLOCK_SIZE, DECODE_BIG_AMAX, DECODE_RESCALE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND,
                       e2m1_decode, e2m1_encode, e2m1_encode_stochastic, e4m3_round, fp32_const, pack_codes,
                       unpack_codes)
-from .philox import philox_randint
+from .philox import stochastic_bits
 
 # Spec step 6: the fixed tree order of the 16 row-block errors of a 16x16 tile.
 _TREE_PAIRS = ((0, 8), (4, 12), (2, 10), (6, 14), (1, 9), (5, 13), (3, 11), (7, 15))
@@ -46,12 +46,11 @@ def _block_amax(xb: torch.Tensor, block: str) -> torch.Tensor:
 
 def _encode(xb: torch.Tensor, sf: torch.Tensor, s_dec: torch.Tensor, seed: int | None = None) -> torch.Tensor:
     """Unpacked E2M1 codes of each block under its E4M3 scale sf (spec step 4); with a seed rounded
-    stochastically (spec section 12), element (r, c) of the (R, C) input with the Philox bits of offset r*C + c."""
+    stochastically (spec section 12), element (r, c) of the (R, C) input with the 16 Philox bits of index r*C + c."""
     inv = torch.clamp(_f32(1.0, xb) / (sf.float() * s_dec), max=FLT_MAX)
     q = torch.clamp(xb * inv[..., None], -E2M1_MAX, E2M1_MAX)
     if seed is not None:
-        offsets = torch.arange(q.numel(), dtype=torch.int64, device=q.device).view(q.shape)
-        return e2m1_encode_stochastic(q, philox_randint(seed, offsets))
+        return e2m1_encode_stochastic(q, stochastic_bits(seed, q.shape, q.device))
     # A NaN's sign bit depends on the device's arithmetic (x86 and CUDA differ), so NaN gets one canonical
     # code; its block scale is NaN (bamax or amax is NaN), so the block still decodes to NaN.
     return torch.where(torch.isnan(q), NAN_CODE, e2m1_encode(q))
