@@ -2,7 +2,8 @@
 # The suite's GPU cases on one CUDA machine: every test file with CUDA cases (their CPU cases run too), spread
 # over WORKERS processes (the CPU-side references dominate: serially the files take over 10 minutes on an H200
 # host, with 8 workers under 4), each test stopped after TEST_TIMEOUT seconds so that one hang cannot take a whole
-# device call. Output teed to OUT/gpu_tests.txt, so a call cut short still returns what ran.
+# device call. Output teed to OUT/gpu_tests.txt, one line per finished test (-v), so a call cut short still
+# returns which tests ran and failed (the tracebacks come at the end).
 #   bash scripts/gpu_tests.sh OUT_DIR [pytest args, e.g. -k rht]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,6 @@ shift
 mkdir -p "$OUT"
 python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || { echo "no CUDA device" >&2; exit 2; }
 FILES=$(grep -l "cuda.is_available\|needs CUDA\|needs a CUDA" tests/test_*.py)
-python3 -m pytest -n "${WORKERS:-8}" --timeout "${TEST_TIMEOUT:-300}" -p no:cacheprovider -rs --durations=30 \
+python3 -m pytest -n "${WORKERS:-8}" --timeout "${TEST_TIMEOUT:-300}" -p no:cacheprovider -v --tb=short -rfs --durations=30 \
   $FILES "$@" 2>&1 | tee "$OUT/gpu_tests.txt"
 exit "${PIPESTATUS[0]}"
