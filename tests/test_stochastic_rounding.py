@@ -348,6 +348,17 @@ def test_gpu_kernel_matches_reference_sweep(dtype):
 
 @cuda
 @pytest.mark.gpu
+def test_gpu_rule_matches_reference_at_its_thresholds():
+    """The kernels' per-element rule on the GPU (tests/helpers/stochastic_rule.py: magnitudes whose t is an
+    integer or a half, against the bits just below, at and above ceil(t), in every interval), bitwise."""
+    from tests.helpers.stochastic_rule import rule_mismatches
+
+    bad, total = rule_mismatches("cuda")
+    assert bad == 0 and total > 30000
+
+
+@cuda
+@pytest.mark.gpu
 def test_gpu_philox_matches_reference():
     """tl.randint4x compiled for the GPU == numerics.philox.philox4x32 (computed on the CPU), all four words, for
     seeds and counters up to 2^63 - 1."""

@@ -1,6 +1,7 @@
 """Run by test_stochastic_rounding in a subprocess with TRITON_INTERPRET=1: numerics.philox against Triton's own
-tl.randint4x (all four words), and the Triton NVFP4 quantizer's stochastic rounding (row-major and columnwise,
-with and without the decode) against the reference, bitwise, on the CPU.
+tl.randint4x (all four words), the kernels' rounding rule at its thresholds, and the Triton NVFP4 quantizer's
+stochastic rounding (row-major and columnwise, with and without the decode) against the reference, bitwise, on
+the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_stochastic
 
@@ -93,6 +94,14 @@ def row_groups(report):
                and same_bytes(dec, reference.decode_block_scaled_reference(want_c, want_s)))
 
 
+def rule(report):
+    """The per-element rule at its thresholds (tests/helpers/stochastic_rule.py)."""
+    from tests.helpers.stochastic_rule import rule_mismatches
+
+    bad, total = rule_mismatches("cpu")
+    report(f"rule/{total} magnitudes and bits ({bad} differ)", bad == 0)
+
+
 def main():
     configs, mismatches = 0, 0
 
@@ -104,6 +113,7 @@ def main():
             print(f"MISMATCH {label}", flush=True)
 
     philox(report)
+    rule(report)
     quantizer(report)
     row_groups(report)
     print(f"configs {configs} mismatches {mismatches}")

@@ -169,15 +169,19 @@ def decode_word(lo, hi, sf, j: tl.constexpr):
 def stochastic_e2m1(a, r):
     """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
     (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
-    when r < t = (a - lo) * (2^16 / (hi - lo)), exact in FP32 (a - lo by Sterbenz's lemma, the factor a power of
-    two); for an integer r that is r < ceil(t), compared in int32 (ceil(t) <= 2^16)."""
-    idx = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32) + (a >= 2.0).to(tl.int32)
-           + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32) + (a >= 6.0).to(tl.int32))
-    factor = tl.where(a < 2.0, 131072.0, tl.where(a < 4.0, 65536.0, 32768.0))
-    t = (a - e2m1_value(idx)) * factor
-    t = tl.where(a == a, t, 0.0)
+    when r < t = (a - lo) * (2^16 / (hi - lo)); for an integer r that is r < ceil(t), compared in int32
+    (ceil(t) <= 2^16). Without a search over the grid: s = a / (hi - lo) (a times 2, 1 or 1/2 on [0, 2), [2, 4),
+    [4, 6]) puts the grid on the integers, so lo / (hi - lo) = floor(s) and t = (s - floor(s)) * 2^16, the spec's
+    t exactly (every step exact in FP32: power-of-two scalings, and s - floor(s) by Sterbenz's lemma or
+    floor(s) = 0); the code is floor(s) plus 0, 2 or 4 by interval."""
+    wide = a >= 2.0
+    widest = a >= 4.0
+    s = a * tl.where(widest, 0.5, tl.where(wide, 1.0, 2.0))
+    below = tl.math.floor(s)
+    t = tl.where(a == a, (s - below) * 65536.0, 0.0)
     up = r < tl.math.ceil(t).to(tl.int32)
-    return idx + up.to(tl.int32)
+    first = tl.where(widest, 4, tl.where(wide, 2, 0))
+    return tl.where(a == a, below, 0.0).to(tl.int32) + first + up.to(tl.int32)
 
 
 @triton.jit
