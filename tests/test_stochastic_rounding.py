@@ -1,8 +1,7 @@
 """Stochastic rounding of the quantized backward's gradient operand (gradient_rounding = "stochastic",
 docs/numerics.md section 12): Philox words equal to Triton's, 16 bits per element, the rounding rule and its
-unbiasedness, kernel ==
-reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without CUDA), nearest mode unchanged,
-the dense op's reproducibility and the recipe / config checks."""
+unbiasedness, kernel == reference bitwise (Triton's interpreter on the CPU; the GPU cases skip without CUDA),
+nearest mode unchanged, the dense op's reproducibility and the recipe / config checks."""
 
 import math
 from dataclasses import replace
@@ -28,10 +27,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 # ---- Philox and the kernel under Triton's interpreter --------------------------------------------------------------
 
 def test_interpreted_philox_and_kernel_match_reference():
-    """numerics.philox == tl.randint4x (all four words) for seeds and counters up to 2^63 - 1, and the Triton
-    quantizer's stochastic
-    NVFP4 (rows, columnwise, with and without the decode; zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero
-    amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
+    """numerics.philox == tl.randint4x (all four words) for seeds and counters up to 2^63 - 1, the kernels' rule
+    at its thresholds, and the Triton quantizer's stochastic NVFP4 (rows, columnwise, with and without the decode;
+    zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
     TRITON_INTERPRET is read when the kernels are defined)."""
     assert configs_checked("interp_stochastic", 600) >= 30
 
