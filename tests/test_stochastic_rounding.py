@@ -29,8 +29,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_interpreted_philox_and_kernel_match_reference():
     """numerics.philox == tl.randint4x (all four words) for seeds and counters up to 2^63 - 1, the kernels' rule
     at its thresholds, and the Triton quantizer's stochastic NVFP4 (rows, columnwise, with and without the decode;
-    zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero amax data) == the reference, bitwise (tests/helpers/interp_stochastic.py, in a subprocess because
-    TRITON_INTERPRET is read when the kernels are defined)."""
+    zeros, NaN, Inf, subnormal, saturating and NaN/Inf/zero amax data) == the reference, bitwise
+    (tests/helpers/interp_stochastic.py, in a subprocess because TRITON_INTERPRET is read when the kernels are
+    defined)."""
     assert configs_checked("interp_stochastic", 600) >= 30
 
 
