@@ -348,9 +348,9 @@ def test_gpu_kernel_matches_reference_sweep(dtype):
 @cuda
 @pytest.mark.gpu
 def test_gpu_rule_matches_reference_at_its_thresholds():
-    """The kernels' per-element rule on the GPU (tests/helpers/stochastic_rule.py: magnitudes whose t is an
+    """The kernels' per-element rule on the GPU (tests/helpers/stochastic_kernels.py: magnitudes whose t is an
     integer or a half, against the bits just below, at and above ceil(t), in every interval), bitwise."""
-    from tests.helpers.stochastic_rule import rule_mismatches
+    from tests.helpers.stochastic_kernels import rule_mismatches
 
     bad, total = rule_mismatches("cuda")
     assert bad == 0 and total > 30000
@@ -361,22 +361,12 @@ def test_gpu_rule_matches_reference_at_its_thresholds():
 def test_gpu_philox_matches_reference():
     """tl.randint4x compiled for the GPU == numerics.philox.philox4x32 (computed on the CPU), all four words, for
     seeds and counters up to 2^63 - 1."""
-    triton = pytest.importorskip("triton")
-    import triton.language as tl
-
-    @triton.jit
-    def randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr):
-        i = tl.arange(0, N)
-        words = tl.randint4x(seed, tl.load(counters_ptr + i))
-        for w in tl.static_range(4):
-            tl.store(out_ptr + 4 * i + w, words[w].to(tl.int64) & 0xFFFFFFFF)
+    from tests.helpers.stochastic_kernels import philox_matches
 
     counters = torch.cat([torch.arange(4096), torch.arange(2 ** 32 - 2048, 2 ** 32 + 2048),
                           torch.arange(2 ** 62, 2 ** 62 + 4096), 2 ** 63 - 1 - torch.arange(4096)])
     for seed in (0, 1, 2 ** 31 + 5, 2 ** 62 + 3, 2 ** 63 - 1):
-        got = torch.zeros(counters.numel(), 4, dtype=torch.int64, device="cuda")
-        randint4x_kernel[(1, )](got, counters.cuda(), seed, counters.numel())
-        assert torch.equal(got.cpu(), philox4x32(seed, counters))
+        assert philox_matches(seed, counters, "cuda")
 
 
 @cuda

@@ -12,16 +12,14 @@ the GPU tests in test_stochastic_rounding.py take the full kind sweep and realis
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import _data  # noqa: E402
 from tests.helpers.operand_cases import same_bytes  # noqa: E402
+from tests.helpers.stochastic_kernels import philox_matches, rule_mismatches  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.numerics import reference  # noqa: E402
-from titan_fp4six.numerics.philox import philox4x32  # noqa: E402
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC  # noqa: E402
 
 SEEDS = (0, 1, 42, 2 ** 31 - 1, 2 ** 31 + 5, 2 ** 32 + 1, 2 ** 62 + 12345, 2 ** 63 - 1)
@@ -31,20 +29,10 @@ KINDS = ("normal", "ties", "wide", "nan_inf", "saturate", "tiny_amax", "zero_ama
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@triton.jit
-def _randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr):
-    i = tl.arange(0, N)
-    words = tl.randint4x(seed, tl.load(counters_ptr + i))
-    for w in tl.static_range(4):
-        tl.store(out_ptr + 4 * i + w, words[w].to(tl.int64) & 0xFFFFFFFF)
-
-
 def philox(report):
     counters = torch.tensor(COUNTERS, dtype=torch.int64)
     for seed in SEEDS:
-        got = torch.zeros(counters.numel(), 4, dtype=torch.int64)
-        _randint4x_kernel[(1, )](got, counters, seed, counters.numel())
-        report(f"philox/seed={seed}", torch.equal(got, philox4x32(seed, counters)))
+        report(f"philox/seed={seed}", philox_matches(seed, counters, "cpu"))
 
 
 def quantizer(report):
@@ -95,9 +83,7 @@ def row_groups(report):
 
 
 def rule(report):
-    """The per-element rule at its thresholds (tests/helpers/stochastic_rule.py)."""
-    from tests.helpers.stochastic_rule import rule_mismatches
-
+    """The per-element rule at its thresholds (tests/helpers/stochastic_kernels.py)."""
     bad, total = rule_mismatches("cpu")
     report(f"rule/{total} magnitudes and bits ({bad} differ)", bad == 0)
 
