@@ -70,13 +70,13 @@ def quantized_backward_operands(dy: Tensor, x: Tensor, w: Tensor, recipe: FourOv
     p = replace(recipe, backward="quantized").plan(grouped=grouped)  # wgrad_rht, gradient_rounding kept
     b = backends_for(p.quantizer, p.gemm, dy.device)
     q = b.quantizer
-    seed = (lambda: GRADIENT_ROUNDING.next()) if p.dy.rounding == "stochastic" else (lambda: None)
     out = {}
     if not grouped:
         dy_amax = run_tensor_amax(dy, q)
-        dyq = quantize_operand(dy, dy_amax, p.dy, b, seed=seed())
+        dyq = quantize_operand(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.seed_for(p.dy))
         out["dy"] = dy, _dequantized(dyq, _rows_factor(dy_amax, dy.shape[0], p.dy.scale_bound), q)
-        dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b, seed=seed())
+        dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b,
+                                                          seed=GRADIENT_ROUNDING.seed_for(p.dy_t))
         out["dyT"] = _columnwise(dy, dy_col, dy_col_amax, p.dy_t, q)
         if p.x_t.scaling == "row":
             x_col, x_col_amax = quantize_columnwise_row_scaled(x, p.x_t, b)
@@ -97,11 +97,12 @@ def quantized_backward_operands(dy: Tensor, x: Tensor, w: Tensor, recipe: FourOv
     pad_n = -n % BLOCK_SIZE
     dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
     groups = RowGroups(group_of_row, experts, amax_by_group=True)
-    dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, groups, seed=seed())
+    dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, groups, seed=GRADIENT_ROUNDING.seed_for(p.dy))
     ref = torch.where((group_of_row < experts)[:, None], dy_rows, 0)
     out["dy"] = ref, _dequantized(dyq, _rows_factor(dy_amax, rows, p.dy.scale_bound, groups), q)
     tb = _token_blocks(offs, rows)
-    dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row, seed())
+    dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
+                                             GRADIENT_ROUNDING.seed_for(p.dy_t))
     out["dyT"] = _token_blocks_pair(dy, tb, dy_col, dy_t_amax, p.dy_t, q)
     x_col, x_t_amax = _token_block_operand(x, tb, a_amax, p.x_t, b, group_of_row)
     out["xT"] = _token_blocks_pair(x, tb, x_col, x_t_amax, p.x_t, q)

@@ -95,7 +95,6 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
     A stochastically rounded dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's
     dy first, then wgrad's dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
-    stochastic = p.dy.rounding == "stochastic"
     dy_amax = run_tensor_amax(dy, b.quantizer)
     dx = dw = dy.new_empty(0)
     if need_dx:
@@ -103,12 +102,11 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
             w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b)
         else:
             w_col = quantize_columnwise(weight, w_amax, p.w_t, b)
-        seed = GRADIENT_ROUNDING.next() if stochastic else None
-        dx = gemm_nt(quantize_operand(dy, dy_amax, p.dy, b, seed=seed), dy_amax, p.dy.scale_bound, w_col, w_amax,
-                     p.w_t.scale_bound, x_dtype, b)
+        dyq = quantize_operand(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.seed_for(p.dy))
+        dx = gemm_nt(dyq, dy_amax, p.dy.scale_bound, w_col, w_amax, p.w_t.scale_bound, x_dtype, b)
     if need_dw:
         dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b,
-                                                          seed=GRADIENT_ROUNDING.next() if stochastic else None)
+                                                          seed=GRADIENT_ROUNDING.seed_for(p.dy_t))
         if p.x_t.scaling == "row":
             x_col, x_t_amax = quantize_columnwise_row_scaled(x, p.x_t, b)
             dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_col_amax, p.dy_t.scale_bound, w_dtype,

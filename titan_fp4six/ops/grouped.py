@@ -176,7 +176,6 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
     dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's
     dy^T."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
-    stochastic = p.dy.rounding == "stochastic"
     experts, (rows, n) = offs.numel(), dy.shape
     dy_amax = run_token_groups(dy, offs, False, b.quantizer)[0]
     dA = dW = dy.new_empty(0)
@@ -189,13 +188,13 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
             w_col = quantize_operand(w_rows, w_amax, p.w_t, b)  # each expert's amax covers its K rows
         dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
         dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, RowGroups(group_of_row, experts, amax_by_group=True),
-                               seed=GRADIENT_ROUNDING.next() if stochastic else None)
+                               seed=GRADIENT_ROUNDING.seed_for(p.dy))
         dA = grouped_gemm_nt(dyq, dy_amax, True, w_col, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
                              w_bound=p.w_t.scale_bound)
     if need_dw:
         tb = _token_blocks(offs, rows)
         dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
-                                                 GRADIENT_ROUNDING.next() if stochastic else None)
+                                                 GRADIENT_ROUNDING.seed_for(p.dy_t))
         x_col, x_amax = _token_block_operand(A, tb, a_amax, p.x_t, b, group_of_row)
         dW = grouped_wgrad_nt(dy_col, dy_t_amax, p.dy_t.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
                               empty_groups, w_dtype, b)
