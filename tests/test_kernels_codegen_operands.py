@@ -72,9 +72,12 @@ def test_nvfp4_with_decode(kind, transposed):
 
 @pytest.mark.parametrize("kind, transposed", ((1, False), (0, False), (2, True)))
 def test_nvfp4_stochastic_with_decode(kind, transposed):
-    """Stochastic rounding (Philox bits, an int64 comparison) adds no FMA and no FP64 to the NVFP4 kernel."""
+    """Stochastic rounding adds no FMA and no FP64 to the NVFP4 kernel, and its ceiling (one cvt.rpi.s32.f32 per
+    element) keeps subnormals: no .ftz instruction (tl.math.ceil's cvt.rpi.ftz would flush a subnormal t to 0)."""
     ptx = _quantizer_ptx(kind, False, transposed, stochastic=True)
     assert _fmas(ptx) == 0
+    assert len(re.findall(r"\bcvt\.rpi\.s32\.f32\b", ptx)) == 16
+    assert ".ftz" not in ptx
     _check_rounding(ptx)
 
 

@@ -34,10 +34,11 @@ def philox_matches(seed: int, counters: torch.Tensor, device) -> bool:
 
 
 @triton.jit
-def _rule_kernel(a_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _rule_kernel(a_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr, PTX: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    out = stochastic_e2m1(tl.load(a_ptr + offs, mask=mask, other=0.0), tl.load(r_ptr + offs, mask=mask, other=0))
+    out = stochastic_e2m1(tl.load(a_ptr + offs, mask=mask, other=0.0), tl.load(r_ptr + offs, mask=mask, other=0),
+                          PTX)
     tl.store(out_ptr + offs, out, mask=mask)
 
 
@@ -55,8 +56,11 @@ def cases(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
                 a.append(mag)
                 r.append((torch.ceil(t) + dr).clamp(0, 2 ** 16 - 1))
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    a += [grid.repeat(3), torch.rand(4096, generator=gen) * 6]
+    # tiny magnitudes, whose a 2^17 is subnormal: t > 0, so the bits 0 round them up (a flushing ceiling would not)
+    tiny = torch.tensor([2.0 ** -149, 2.0 ** -145, 2.0 ** -144, 2.0 ** -143, 2.0 ** -140, 2.0 ** -130])
+    a += [grid.repeat(3), tiny.repeat(2), torch.rand(4096, generator=gen) * 6]
     r += [torch.tensor([0.0, 2 ** 15, 2 ** 16 - 1]).repeat_interleave(len(grid)).double(),
+          torch.tensor([0.0, 1.0]).repeat_interleave(len(tiny)).double(),
           torch.randint(0, 2 ** 16, (4096, ), generator=gen).double()]
     return torch.cat(a).float(), torch.cat(r).to(torch.int32)
 
@@ -68,5 +72,5 @@ def rule_mismatches(device) -> tuple[int, int]:
     a, r = a.to(device), r.to(device)
     got = torch.empty_like(r)
     block = 1024 if a.is_cuda else 1 << 16
-    _rule_kernel[(triton.cdiv(a.numel(), block), )](a, r, got, a.numel(), BLOCK=block)
+    _rule_kernel[(triton.cdiv(a.numel(), block), )](a, r, got, a.numel(), BLOCK=block, PTX=a.is_cuda)
     return int((got.cpu() != want).sum()), a.numel()

@@ -166,43 +166,55 @@ def decode_word(lo, hi, sf, j: tl.constexpr):
 
 
 @triton.jit
-def stochastic_e2m1(a, r):
-    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
-    (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
-    when r < t = (a - lo) * (2^16 / (hi - lo)); for an integer r that is r < ceil(t), compared in int32
-    (ceil(t) <= 2^16). Without a search over the grid: s = a / (hi - lo) (a times 2, 1 or 1/2 on [0, 2), [2, 4),
-    [4, 6]) puts the grid on the integers, so lo / (hi - lo) = floor(s) and t = (s - floor(s)) * 2^16, the spec's
-    t exactly (every step exact in FP32: power-of-two scalings, and s - floor(s) by Sterbenz's lemma or
-    floor(s) = 0); the code is floor(s) plus 0, 2 or 4 by interval."""
-    wide = a >= 2.0
-    widest = a >= 4.0
-    s = a * tl.where(widest, 0.5, tl.where(wide, 1.0, 2.0))
-    below = tl.math.floor(s)
-    t = tl.where(a == a, (s - below) * 65536.0, 0.0)
-    up = r < tl.math.ceil(t).to(tl.int32)
-    first = tl.where(widest, 4, tl.where(wide, 2, 0))
-    return tl.where(a == a, below, 0.0).to(tl.int32) + first + up.to(tl.int32)
+def ceil_to_int(v, PTX: tl.constexpr):
+    """ceil(v) as int32 for v in [0, 2^31) (NaN: any), subnormal v included: Triton lowers tl.math.ceil to
+    cvt.rpi.ftz, which flushes a subnormal v to 0, so on the GPU one cvt.rpi.s32.f32 (no .ftz) instead."""
+    if PTX:
+        return tl.inline_asm_elementwise("cvt.rpi.s32.f32 $0, $1;", "=r,f", [v], dtype=tl.int32, is_pure=True,
+                                         pack=1)
+    return tl.math.ceil(v).to(tl.int32)
 
 
 @triton.jit
-def stochastic_codes(xs, ws, inv, seed, first, KIND: tl.constexpr):
+def stochastic_e2m1(a, r, PTX: tl.constexpr):
+    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
+    (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
+    when r < ceil(t), t = (a - lo) * 2^16 / (hi - lo). In integers, without a search over the grid or a select:
+    with s = a / (hi - lo) (a times 2, 1 or 1/2 on [0, 2), [2, 4), [4, 6]) the code is floor(s) + 0, 2 or 4 and
+    ceil(t) = ceil(s 2^16) - floor(s) 2^16, so code = (c + 2^16 - 1 - r) >> 16 for c = ceil(s 2^16) + 2^17 or
+    2^18 on the upper two intervals (c - code 2^16 = ceil(t) - 1 - r + 2^16 lies in [0, 2^17), at or above 2^16
+    exactly when r < ceil(t)). c from one ceiling: n = ceil(a 2^17) (exact scaling) and ceil(n / m) = ceil(a 2^17 / m),
+    so c = min(n, (n + 2^18 + 1) >> 1, (n + 2^20 + 3) >> 2), the three lines of a concave map, each the
+    smallest on its own interval (they meet at a = 2 and a = 4, where the two sides agree)."""
+    n = ceil_to_int(a * 131072.0, PTX)
+    c = tl.minimum(n, tl.minimum((n + 262145) >> 1, (n + 1048579) >> 2))
+    return (c + 65535 - r) >> 16
+
+
+@triton.jit
+def stochastic_codes(xs, ws, inv, seed, first, any_nan, KIND: tl.constexpr, PTX: tl.constexpr):
     """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
-    min(xs[i] * inv, 6) (|q| of spec step 4; NaN stays NaN), the sign of x, read off its word (that of q:
-    inv > 0), and NaN gets NAN_CODE. first (int64) is the block's first element index, a multiple of 16: the
-    random bits of element i = 8j + 2w + h are half h (0: the low 16 bits) of word w of
-    tl.randint4x(seed, first // 8 + j), two Philox evaluations per block."""
-    lo = tl.zeros(inv.shape, tl.int32)
-    hi = tl.zeros(inv.shape, tl.int32)
+    min(xs[i] * inv, 6) (|q| of spec step 4), the sign of x (that of q: inv > 0) set on the packed words, and
+    NaN gets NAN_CODE, looked for only when any_nan (a scalar: some block of the chunk may have a NaN |q|). first
+    (int64) is the block's first element index, a multiple of 16: the random bits of element i = 8j + 2w + h are
+    half h (0: the low 16 bits) of word w of tl.randint4x(seed, first // 8 + j), two Philox evaluations per
+    block."""
+    words = ()
     for j in tl.static_range(2):
-        words = tl.randint4x(seed, first // 8 + j)
+        bits = tl.randint4x(seed, first // 8 + j)
+        word = tl.zeros(inv.shape, tl.int32)
         for k in tl.static_range(8):
-            r = ((words[k // 2] >> (16 * (k % 2))) & 0xFFFF).to(tl.int32)
-            a = clamp_max(xs[8 * j + k] * inv, 6.0)
-            mag = stochastic_e2m1(a, r)
-            sign = (sign_bit(ws, 8 * j + k, KIND).to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
-            code = tl.where(a == a, mag | sign, NAN_CODE)
-            if j == 0:
-                lo = lo | (code << (4 * k))
+            r = ((bits[k // 2] >> (16 * (k % 2))) & 0xFFFF).to(tl.int32)
+            word = word | (stochastic_e2m1(clamp_max(xs[8 * j + k] * inv, 6.0), r, PTX) << (4 * k))
+        words = words + (word, )
+    lo, hi = with_signs(words[0], words[1], ws, KIND, PTX)
+    if any_nan:
+        for i in tl.static_range(16):
+            a = xs[i] * inv
+            nibble = tl.full(inv.shape, 15, tl.int32) << (4 * (i % 8))
+            nan_code = tl.full(inv.shape, NAN_CODE, tl.int32) << (4 * (i % 8))
+            if i < 8:
+                lo = tl.where(a == a, lo, (lo & ~nibble) | nan_code)
             else:
-                hi = hi | (code << (4 * k))
+                hi = tl.where(a == a, hi, (hi & ~nibble) | nan_code)
     return lo, hi

@@ -247,7 +247,9 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if STOCHASTIC:  # elementwise from the magnitudes, any input: no fast path to leave
                 sf = e4m3_bits(scaled)
-                lo, hi = stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, KIND)
+                # A NaN |q| needs a NaN x, a NaN inv (the scale of a NaN amax) or an infinite x times inv = 0.
+                any_nan = tl.max(tl.where((bamax <= FLT_MAX) & (inv > 0.0), 0, 1)) != 0
+                lo, hi = stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, any_nan, KIND, PTX)
                 dec = ()
                 if WRITE_DEC:
                     for j in tl.static_range(8):
