@@ -1,7 +1,8 @@
 """Benchmarks of the quantizer kernels and the four-over-six ops, every figure a ratio measured in the same run.
 
     python -m scripts.bench quantize [--rep-ms 200] [--rounds 3]    # Triton 4/6 quantizer vs copy, reference, NVFP4
-    python -m scripts.bench kernels [--only operands|epilogue]      # fused operand kernels, epilogue, row amax
+    python -m scripts.bench kernels [--only operands|epilogue|columns]  # operand kernels, epilogue, row amax;
+                                                                       # columns: columnwise launch-shape sweep
     python -m scripts.bench gemm [--quick]                          # fwd+bwd of the GEMMs at model shapes vs bf16
     python -m scripts.bench ops [--iters 50] [--json OUT.json]      # 1024^3 linear per backward mode, public quantize
     python -m scripts.bench warm [--jobs 16]                        # compile the quantizer variants in parallel
@@ -223,6 +224,48 @@ def operand_kernels(m, k, rep_ms, rounds):
         _kernel_row(label, sizes[name], t[name], t["copy_" + name], t[name + "_unfused"], exact[name])
 
 
+# Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps) the columnwise
+# sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH.
+COLUMN_LAUNCHES = ((32, 1, 8, 1), (32, 2, 8, 1), (16, 2, 8, 1), (32, 4, 8, 1), (16, 4, 8, 1), (64, 1, 8, 2),
+                   (64, 2, 8, 2), (32, 1, 4, 1), (32, 2, 4, 1), (128, 1, 8, 4))
+
+
+def column_launches(m, k, rep_ms, rounds):
+    """The columnwise kernels (NVFP4, 4/6, stochastic NVFP4; x^T read in place) under each launch shape of
+    COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launch's. The shape the kernel should ship."""
+    from titan_fp4six.kernels import quantize as kq
+
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    amax = tensor_amax(x)
+    np_ = -(-m // 16) * 16 * k
+    kernels = {"NVFP4": (NVFP4, None, np_ * 2 + np_ // 2 + np_ // 16),
+               "4/6": (OperandSpec(), None, np_ * 2 + np_ // 2 + 2 * (np_ // 16)),
+               "NVFP4 stochastic": (NVFP4_STOCHASTIC, 12345, np_ * 2 + np_ // 2 + np_ // 16)}
+
+    def with_launch(launch, spec, seed):
+        def run():
+            shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, kq.Launch(*launch)
+            try:
+                return kq.quantize_columnwise(x, amax, spec, False, seed=seed)
+            finally:
+                kq.COLUMN_LAUNCH = shipped
+        return run
+
+    fns = {(name, launch): with_launch(launch, spec, seed)
+           for name, (spec, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
+    fns.update({("copy", name): _copy(nbytes) for name, (_, _, nbytes) in kernels.items()})
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    want = {name: kq.quantize_columnwise(x, amax, spec, False, seed=seed) for name, (spec, seed, _) in kernels.items()}
+    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launch {tuple(kq.COLUMN_LAUNCH)}\n")
+    print("| rows, blocks, chunks, warps | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
+          + " | bitwise |")
+    print("|---|" + "---|" * len(kernels) + "---|")
+    for launch in COLUMN_LAUNCHES:
+        cells = [f"{t[name, launch]:.3f} ({t['copy', name] / t[name, launch]:.1%})" for name in kernels]
+        exact = all(_same(fns[name, launch](), want[name]) for name in kernels)
+        print(f"| {launch} | " + " | ".join(cells) + f" | {exact} |", flush=True)
+
+
 def epilogue_and_amax(rep_ms, rounds):
     """The GEMM epilogue (grouped bf16 product of the Qwen3 MoE debug experts, dense FP32 product) and the row
     amax: against a copy of the same bytes, the same kernel compiled without specializing sizes and strides (no
@@ -292,6 +335,9 @@ def cmd_kernels(args):
             operand_kernels(m, k, args.rep_ms, args.rounds)
     if args.only in (None, "epilogue"):
         epilogue_and_amax(args.rep_ms, args.rounds)
+    if args.only == "columns":
+        for m, k in KERNEL_SHAPES:
+            column_launches(m, k, args.rep_ms, args.rounds)
 
 
 # --- host and GPU time of whole op calls (gemm, ops) ----------------------------------------------------------
@@ -545,7 +591,9 @@ def main(argv=None) -> None:
         s.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per measurement")
         s.add_argument("--rounds", type=int, default=3, help="rounds per case; each time is the least median")
         s.set_defaults(run=fn)
-    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue"), help="one part of the benchmark")
+    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns"),
+                                        help="one part of the benchmark (columns: the columnwise launch sweep, "
+                                             "only when asked)")
     s = sub.add_parser("gemm", help="fwd+bwd of the 4/6 GEMMs at model shapes vs the bf16 op")
     s.add_argument("--iters", type=int, default=5)
     s.add_argument("--warmup", type=int, default=2)
