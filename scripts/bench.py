@@ -226,8 +226,10 @@ def operand_kernels(m, k, rep_ms, rounds):
 
 # Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps) the columnwise
 # sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH.
-COLUMN_LAUNCHES = ((32, 1, 8, 1), (32, 2, 8, 1), (16, 2, 8, 1), (32, 4, 8, 1), (16, 4, 8, 1), (64, 1, 8, 2),
-                   (64, 2, 8, 2), (32, 1, 4, 1), (32, 2, 4, 1), (128, 1, 8, 4))
+# Two or four columns per thread (64 or 128 rows in one warp) let the loads take 4 or 8 bytes per instruction.
+COLUMN_LAUNCHES = ((32, 1, 8, 1), (32, 2, 8, 1), (16, 2, 8, 1), (32, 4, 8, 1), (16, 4, 8, 1), (64, 1, 8, 1),
+                   (64, 2, 8, 1), (128, 1, 8, 1), (64, 1, 8, 2), (64, 2, 8, 2), (128, 1, 8, 2), (32, 1, 4, 1),
+                   (32, 2, 4, 1), (128, 1, 8, 4))
 
 
 def column_launches(m, k, rep_ms, rounds):
