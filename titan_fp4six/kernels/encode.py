@@ -177,15 +177,12 @@ def ceil_to_int(v, PTX: tl.constexpr):
 
 @triton.jit
 def stochastic_e2m1(a, r, PTX: tl.constexpr):
-    """The code magnitude of a = min(|q|, 6) (or NaN: then any) rounded stochastically by the 16 random bits r
-    (int32 in [0, 2^16)), docs/numerics.md section 12: between neighbouring magnitudes lo <= a < hi, up exactly
-    when r < ceil(t), t = (a - lo) * 2^16 / (hi - lo). In integers, without a search over the grid or a select:
-    with s = a / (hi - lo) (a times 2, 1 or 1/2 on [0, 2), [2, 4), [4, 6]) the code is floor(s) + 0, 2 or 4 and
-    ceil(t) = ceil(s 2^16) - floor(s) 2^16, so code = (c + 2^16 - 1 - r) >> 16 for c = ceil(s 2^16) + 2^17 or
-    2^18 on the upper two intervals (c - code 2^16 = ceil(t) - 1 - r + 2^16 lies in [0, 2^17), at or above 2^16
-    exactly when r < ceil(t)). c from one ceiling: n = ceil(a 2^17) (exact scaling) and ceil(n / m) = ceil(a 2^17 / m),
-    so c = min(n, (n + 2^18 + 1) >> 1, (n + 2^20 + 3) >> 2), the three lines of a concave map, each the
-    smallest on its own interval (they meet at a = 2 and a = 4, where the two sides agree)."""
+    """The code magnitude of a = min(|q|, 6) rounded stochastically by 16 random bits r (int32 in [0, 2^16)):
+    from the lower neighbour lo up exactly when r < ceil(t), t = (a - lo) 2^16 / (hi - lo) (docs/numerics.md
+    section 12; a NaN a gives any code). In integers, with no select: on [0, 2), [2, 4), [4, 6] the grid step is
+    1/2, 1, 2 and lo's code L is floor(a / step) + 0, 2, 4. With n = ceil(a 2^17) (an exact scaling),
+    c = min(n, ceil(n / 2) + 2^17, ceil(n / 4) + 2^18) is ceil(t) + L 2^16 on a's interval (the lines of a concave
+    map, each the least on its own interval, equal where two meet), so (c + 2^16 - 1 - r) >> 16 = L + [r < ceil(t)]."""
     n = ceil_to_int(a * 131072.0, PTX)
     c = tl.minimum(n, tl.minimum((n + 262145) >> 1, (n + 1048579) >> 2))
     return (c + 65535 - r) >> 16
