@@ -10,7 +10,8 @@
 #        deepseek_base (DeepSeek-V3 debug, the same knobs), deepseek_all (DeepSeek-V3 debug, every dense Linear
 #        but the LM head and router plus the routed experts, quantized dense backward), deepseek_full / qwen3_full
 #        (the full NVFP4 recipe: every operand FP4 in both passes, stochastic gradients, RHT on the wgrad inputs).
-# BOUNDS=1 adds the scale-bound variants (NVFP4 with B=256, 4/6 with B=448); BUDGET caps each slice's seconds.
+# BOUNDS=1 adds the scale-bound variants (NVFP4 with B=256, 4/6 with B=448); BUDGET caps each slice's seconds;
+# JOBS sets the runs at once per slice.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/fidelity_study.sh OUT_DIR SLICE...}
@@ -32,7 +33,10 @@ VARIANTS=()
 if [ "${BOUNDS:-0}" = 1 ]; then
   VARIANTS=(--variant "nvfp4 B256=nvfp4 scale_bound=256" --variant "4/6 B448=4/6 scale_bound=448")
 fi
-JOBS=$(( $(getconf _NPROCESSORS_ONLN) / $# ))  # before OMP_NUM_THREADS: nproc would count that instead
+# Runs at once per slice: JOBS, or an equal share of the CPU cores (before OMP_NUM_THREADS: nproc would count
+# that instead). The runs are host-bound: 11 at once on 16 cores took 170-310 s each for the full recipes, 16 at
+# once 355 s and more.
+JOBS=${JOBS:-$(( $(getconf _NPROCESSORS_ONLN) / $# ))}
 [ "$JOBS" -ge 1 ] || JOBS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per run: more threads only contend on the host
 ARCHIVE=docs/fidelity/runs
