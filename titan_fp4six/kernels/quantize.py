@@ -59,7 +59,8 @@ LAUNCH = {
 # Columnwise (x^T of a row-major x, 1x16 blocks along x's rows): a warp covers 32 consecutive columns k of x, one
 # block (16 rows of one column) per thread, so each of a block's 16 element loads reads a contiguous run of the
 # warp's 32 columns; the chunk loop walks down x's rows. Not yet timed against other shapes on a GPU (every shape
-# gives the same bytes): `python3 -m scripts.bench kernels --only columns` sweeps them.
+# gives the same bytes; compiled for sm_90 this one takes 100 registers, 128 stochastic, against the row-major
+# kernel's 64): `python3 -m scripts.bench kernels --only columns` sweeps shapes and register caps.
 COLUMN_LAUNCH = Launch(32, 1, 8, 1)
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
