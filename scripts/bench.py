@@ -235,31 +235,34 @@ COLUMN_LAUNCHES = ((32, 1, 8, 1), (32, 2, 8, 1), (16, 2, 8, 1), (64, 1, 8, 1), (
 
 
 def column_launches(m, k, rep_ms, rounds):
-    """The columnwise kernels (NVFP4, 4/6, stochastic NVFP4; x^T read in place) under each launch shape of
-    COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launch's. The shape the kernel should ship."""
+    """The columnwise kernels (NVFP4, 4/6 with and without the decode, stochastic NVFP4; x^T read in place) under
+    each launch shape of COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launch's. The shape the
+    kernel should ship."""
     from titan_fp4six.kernels import quantize as kq
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
     amax = tensor_amax(x)
     np_ = -(-m // 16) * 16 * k
-    kernels = {"NVFP4": (NVFP4, None, np_ * 2 + np_ // 2 + np_ // 16),
-               "4/6": (OperandSpec(), None, np_ * 2 + np_ // 2 + 2 * (np_ // 16)),
-               "NVFP4 stochastic": (NVFP4_STOCHASTIC, 12345, np_ * 2 + np_ // 2 + np_ // 16)}
+    kernels = {"NVFP4": (NVFP4, False, None, np_ * 2 + np_ // 2 + np_ // 16),
+               "4/6": (OperandSpec(), False, None, np_ * 2 + np_ // 2 + 2 * (np_ // 16)),
+               "4/6 + decode": (OperandSpec(), True, None, np_ * 4 + np_ // 2 + 2 * (np_ // 16)),
+               "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, 12345, np_ * 2 + np_ // 2 + np_ // 16)}
 
-    def with_launch(launch, spec, seed):
+    def with_launch(launch, spec, decode, seed):
         def run():
             shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, kq.Launch(*launch)
             try:
-                return kq.quantize_columnwise(x, amax, spec, False, seed=seed)
+                return kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
             finally:
                 kq.COLUMN_LAUNCH = shipped
         return run
 
-    fns = {(name, launch): with_launch(launch, spec, seed)
-           for name, (spec, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
-    fns.update({("copy", name): _copy(nbytes) for name, (_, _, nbytes) in kernels.items()})
+    fns = {(name, launch): with_launch(launch, spec, decode, seed)
+           for name, (spec, decode, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
+    fns.update({("copy", name): _copy(nbytes) for name, (_, _, _, nbytes) in kernels.items()})
     t = _least_of_rounds(fns, rep_ms, rounds)
-    want = {name: kq.quantize_columnwise(x, amax, spec, False, seed=seed) for name, (spec, seed, _) in kernels.items()}
+    want = {name: kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
+            for name, (spec, decode, seed, _) in kernels.items()}
     print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launch {tuple(kq.COLUMN_LAUNCH)}\n")
     print("| rows, blocks, chunks, warps[, register cap] | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
           + " | bitwise |")
