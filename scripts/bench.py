@@ -63,6 +63,25 @@ def _same(a, b) -> bool:
                                     and torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b))
 
 
+def _bf16_input(rows: int, cols: int) -> torch.Tensor:
+    """The benchmarks' input: a (rows, cols) bf16 normal sample on the GPU, the same for a shape every run."""
+    return torch.randn(rows, cols, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+
+
+def _bytes_4over6(e: int) -> int:
+    """Bytes a 4/6 quantization of e bf16 elements moves: the input read; codes, scales and map-to-4 flags
+    written."""
+    return e * 2 + e // 2 + 2 * (e // 16)
+
+
+def _bytes_nvfp4(e: int) -> int:
+    """Bytes an NVFP4 quantization of e bf16 elements moves: the input read; codes and scales written."""
+    return e * 2 + e // 2 + e // 16
+
+
+STOCHASTIC_SEED = 12345  # the stochastic-rounding rows' seed
+
+
 def _header(rounds: int) -> None:
     import triton
 
@@ -85,10 +104,10 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     from titan_fp4six.kernels import amax as kamax
     from titan_fp4six.kernels import quantize as kq
 
-    x = torch.randn(rows, cols, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    x = _bf16_input(rows, cols)
     amax = dispatch.row_amax(x) if mode == "row" else dispatch.tensor_amax(x)
     n = rows * cols
-    quant_bytes = n * 2 + n // 2 + 2 * (n // 16)  # read bf16 x; write codes, scales, map4 (amax is negligible)
+    quant_bytes = _bytes_4over6(n)  # the amax read is negligible
     dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
     t = _least_of_rounds({
         "fos": lambda: kq.quantize(x, amax, OperandSpec(block=block)),
@@ -115,7 +134,7 @@ def exact_path_cost(rep_ms):
     arithmetic) against the same tensor's fast path."""
     from titan_fp4six.kernels import quantize as kq
 
-    x = torch.randn(16384, 7168, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    x = _bf16_input(16384, 7168)
     amax = dispatch.tensor_amax(x)
     fast = _ms(lambda: kq.quantize(x, amax, OperandSpec()), rep_ms)
     tiny = torch.tensor(1e-30, device="cuda")
@@ -153,12 +172,10 @@ def operand_kernels(m, k, rep_ms, rounds):
     from titan_fp4six.kernels import quantize as kq
     from titan_fp4six.numerics.hadamard import rht16_columns_reference
 
-    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    x = _bf16_input(m, k)
     amax = tensor_amax(x)
     n, mp = m * k, -(-m // 16) * 16
     np_ = mp * k  # elements of the padded transpose
-    q46 = lambda e: e * 2 + e // 2 + 2 * (e // 16)  # noqa: E731  bf16 read; codes, scales, map4 written
-    qnv = lambda e: e * 2 + e // 2 + e // 16  # noqa: E731
 
     def transposed():
         return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 16)).t().contiguous()
@@ -183,18 +200,18 @@ def operand_kernels(m, k, rep_ms, rounds):
         "deq_unfused": lambda: reference.dequantize_reference(codes, scales, amax, 448, torch.bfloat16),
     })
     fns.update({"rht": lambda: kh.rht16_columns(x), "rht_unfused": lambda: rht16_columns_reference(x)})
-    seed = 12345
     fns.update({  # gradient_rounding='stochastic': the same kernels drawing 16 Philox bits per element
         "nv": lambda: kq.quantize(x, amax, NVFP4),
         "nv_unfused": lambda: reference.nvfp4_reference(x, amax),
-        "nvsr": lambda: kq.quantize(x, amax, NVFP4_STOCHASTIC, seed=seed),
-        "nvsr_unfused": lambda: reference.nvfp4_reference(x, amax, seed),
-        "colnvsr": lambda: kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, False, seed=seed),
-        "colnvsr_unfused": lambda: kq.quantize(transposed(), amax, NVFP4_STOCHASTIC, seed=seed),
+        "nvsr": lambda: kq.quantize(x, amax, NVFP4_STOCHASTIC, seed=STOCHASTIC_SEED),
+        "nvsr_unfused": lambda: reference.nvfp4_reference(x, amax, STOCHASTIC_SEED),
+        "colnvsr": lambda: kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, False, seed=STOCHASTIC_SEED),
+        "colnvsr_unfused": lambda: kq.quantize(transposed(), amax, NVFP4_STOCHASTIC, seed=STOCHASTIC_SEED),
     })
-    sizes = {"nv_dec": qnv(n) + 2 * n, "col46": q46(n), "col46d": q46(np_) + 2 * np_, "colnv": qnv(np_),
-             "colnvd": qnv(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n, "deq": n // 2 + n // 16 + 2 * n,
-             "rht": 2 * n + 2 * np_, "nv": qnv(n), "nvsr": qnv(n), "colnvsr": qnv(np_)}
+    sizes = {"nv_dec": _bytes_nvfp4(n) + 2 * n, "col46": _bytes_4over6(n), "col46d": _bytes_4over6(np_) + 2 * np_,
+             "colnv": _bytes_nvfp4(np_), "colnvd": _bytes_nvfp4(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n,
+             "deq": n // 2 + n // 16 + 2 * n, "rht": 2 * n + 2 * np_, "nv": _bytes_nvfp4(n), "nvsr": _bytes_nvfp4(n),
+             "colnvsr": _bytes_nvfp4(np_)}
     for name, nbytes in sizes.items():
         fns["copy_" + name] = _copy(nbytes)
     t = _least_of_rounds(fns, rep_ms, rounds)
@@ -240,13 +257,13 @@ def column_launches(m, k, rep_ms, rounds):
     kernel should ship."""
     from titan_fp4six.kernels import quantize as kq
 
-    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
+    x = _bf16_input(m, k)
     amax = tensor_amax(x)
     np_ = -(-m // 16) * 16 * k
-    kernels = {"NVFP4": (NVFP4, False, None, np_ * 2 + np_ // 2 + np_ // 16),
-               "4/6": (OperandSpec(), False, None, np_ * 2 + np_ // 2 + 2 * (np_ // 16)),
-               "4/6 + decode": (OperandSpec(), True, None, np_ * 4 + np_ // 2 + 2 * (np_ // 16)),
-               "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, 12345, np_ * 2 + np_ // 2 + np_ // 16)}
+    kernels = {"NVFP4": (NVFP4, False, None, _bytes_nvfp4(np_)),
+               "4/6": (OperandSpec(), False, None, _bytes_4over6(np_)),
+               "4/6 + decode": (OperandSpec(), True, None, _bytes_4over6(np_) + 2 * np_),
+               "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, STOCHASTIC_SEED, _bytes_nvfp4(np_))}
 
     def with_launch(launch, spec, decode, seed):
         def run():
