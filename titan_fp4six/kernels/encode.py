@@ -166,6 +166,15 @@ def decode_word(lo, hi, sf, j: tl.constexpr):
 
 
 @triton.jit
+def decode_words(lo, hi, sf):
+    """The block's whole bf16 decode: the 8 words of decode_word."""
+    words = ()
+    for j in tl.static_range(8):
+        words = words + (decode_word(lo, hi, sf, j), )
+    return words
+
+
+@triton.jit
 def ceil_to_int(v, PTX: tl.constexpr):
     """ceil(v) as int32 for v in [0, 2^31) (NaN: any), subnormal v included: Triton lowers tl.math.ceil to
     cvt.rpi.ftz, which flushes a subnormal v to 0, so on the GPU one cvt.rpi.s32.f32 (no .ftz) instead."""

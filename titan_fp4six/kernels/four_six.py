@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from .bits import clamp_e2m1, e2m1_code, e2m1_value, e4m3_bits, nan_max, tree_sum16
-from .encode import candidate_scales, decode_word, pack, round_e2m1, val_div_6b
+from .encode import candidate_scales, decode_words, pack, round_e2m1, val_div_6b
 from .operand_words import load_element
 
 
@@ -152,6 +152,5 @@ def four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constexp
     hi = tl.where(pick, hi4, hi6)
     dec = ()
     if WRITE_DEC:
-        for j in tl.static_range(8):
-            dec = dec + (decode_word(lo, hi, tl.where(pick, s4, s6), j), )
+        dec = decode_words(lo, hi, tl.where(pick, s4, s6))
     return pick, e4m3_bits(tl.where(pick, base4, base6)), lo, hi, dec

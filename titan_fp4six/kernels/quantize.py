@@ -24,7 +24,7 @@ from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
 from .bits import FLT_MAX, SIGN_BIT, clamp_max, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16
 from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
-from .encode import (candidate_scales, decode_word, div, fast_encode_decode, inverse_scale, stochastic_codes,
+from .encode import (candidate_scales, decode_words, div, fast_encode_decode, inverse_scale, stochastic_codes,
                      with_signs)
 from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, error_bounds, exact_candidate,
                        fast_candidate, four_six_exact, tile_max, value_step)
@@ -254,15 +254,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
                 lo, hi = stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, any_nan, KIND, PTX)
                 dec = ()
                 if WRITE_DEC:
-                    for j in tl.static_range(8):
-                        dec = dec + (decode_word(lo, hi, e4m3_value(sf), j), )
+                    dec = decode_words(lo, hi, e4m3_value(sf))
             elif tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
                 lo, hi, unused = exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
                 dec = ()
                 if WRITE_DEC:
-                    for j in tl.static_range(8):
-                        dec = dec + (decode_word(lo, hi, e4m3_value(sf), j), )
+                    dec = decode_words(lo, hi, e4m3_value(sf))
             else:
                 if WRITE_DEC:
                     lo, hi, dec = fast_encode_decode(xs, ws, inv, s, KIND, True)
