@@ -241,41 +241,44 @@ def operand_kernels(m, k, rep_ms, rounds):
         _kernel_row(label, sizes[name], t[name], t["copy_" + name], t[name + "_unfused"], exact[name])
 
 
-# Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps) the columnwise
-# sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH.
-# Two or four columns per thread (64 or 128 rows in one warp) let the loads take 4 or 8 bytes per instruction;
-# a fifth number caps the registers: compiled for sm_90 the shipped shape takes 100 registers (stochastic: 128)
-# where the row-major kernel takes 64, so fewer warps fit on an SM; capped at 80 the NVFP4 kernel takes 72
-# without spilling (the stochastic one spills below 96).
-COLUMN_LAUNCHES = ((32, 1, 8, 1), (32, 2, 8, 1), (16, 2, 8, 1), (64, 1, 8, 1), (128, 1, 8, 1), (64, 1, 8, 2),
-                   (128, 1, 8, 2), (32, 1, 8, 1, 80), (16, 2, 8, 1, 80), (64, 1, 8, 2, 80), (32, 1, 8, 1, 96))
+# Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps[, register cap])
+# the columnwise sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH. A thread reads 8 consecutive
+# columns (16 bytes of bf16) per access; a program's codes per column are 8 bytes per block down it.
+COLUMN_LAUNCHES = ((8, 4, 8, 1), (8, 8, 8, 2), (8, 4, 8, 2), (16, 4, 8, 2), (8, 8, 8, 1), (16, 2, 8, 1),
+                   (32, 1, 8, 1), (8, 4, 8, 1, 80))
 
 
 def column_launches(m, k, rep_ms, rounds):
     """The columnwise kernels (NVFP4, 4/6 with and without the decode, stochastic NVFP4; x^T read in place) under
     each launch shape of COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launch's. The shape the
-    kernel should ship."""
+    kernel should ship. The last row is the shipped launch reading one element per access: x's rows at a stride
+    of k + 1 elements (the same values), which the vector loads cannot take."""
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(m, k)
+    unaligned = torch.empty(m, k + 1, dtype=x.dtype, device=x.device)[:, :k]
+    unaligned.copy_(x)
     amax = tensor_amax(x)
     np_ = -(-m // 16) * 16 * k
     kernels = {"NVFP4": (NVFP4, False, None, _bytes_nvfp4(np_)),
                "4/6": (OperandSpec(), False, None, _bytes_4over6(np_)),
                "4/6 + decode": (OperandSpec(), True, None, _bytes_4over6(np_) + 2 * np_),
                "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, STOCHASTIC_SEED, _bytes_nvfp4(np_))}
+    element_loads = "shipped, element loads"
 
-    def with_launch(launch, spec, decode, seed):
+    def with_launch(launch, spec, decode, seed, source=x):
         def run():
             shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, kq.Launch(*launch)
             try:
-                return kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
+                return kq.quantize_columnwise(source, amax, spec, decode, seed=seed)
             finally:
                 kq.COLUMN_LAUNCH = shipped
         return run
 
     fns = {(name, launch): with_launch(launch, spec, decode, seed)
            for name, (spec, decode, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
+    fns.update({(name, element_loads): with_launch(kq.COLUMN_LAUNCH, spec, decode, seed, unaligned)
+                for name, (spec, decode, seed, _) in kernels.items()})
     fns.update({("copy", name): _copy(nbytes) for name, (_, _, _, nbytes) in kernels.items()})
     t = _least_of_rounds(fns, rep_ms, rounds)
     want = {name: kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
@@ -284,7 +287,7 @@ def column_launches(m, k, rep_ms, rounds):
     print("| rows, blocks, chunks, warps[, register cap] | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
           + " | bitwise |")
     print("|---|" + "---|" * len(kernels) + "---|")
-    for launch in COLUMN_LAUNCHES:
+    for launch in COLUMN_LAUNCHES + (element_loads, ):
         cells = [f"{t[name, launch]:.3f} ({t['copy', name] / t[name, launch]:.1%})" for name in kernels]
         exact = all(_same(fns[name, launch](), want[name]) for name in kernels)
         print(f"| {launch} | " + " | ".join(cells) + f" | {exact} |", flush=True)

@@ -30,7 +30,9 @@ def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
     return compiled.asm["ptx"]
 
 
-def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False) -> str:
+def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False, vec: bool = True) -> str:
+    """PTX of the quantizer as the launcher compiles it for a 16-byte aligned x (vec: the vector loads it then
+    takes, kernels.quantize._vector_loads)."""
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
     launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
@@ -39,10 +41,17 @@ def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool
                  "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
                  "M": "i32", "seed": "i64"}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
-                      WRITE_DEC=True, VEC=not transposed, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
+                      WRITE_DEC=True, VEC=vec, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
                       NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False, GROUPS=False,
                       BY_GROUP=False, MAP4=int(four_six), STOCHASTIC=stochastic)
-    return _compile(_quantize_kernel, signature, constexprs, launch.warps)
+    return _compile(_quantize_kernel, signature, constexprs, launch.warps,
+                    divisible=("x_ptr", "codes_ptr", "scales_ptr", "map4_ptr", "dec_ptr"))
+
+
+def _loads(ptx: str) -> tuple[int, int]:
+    """(16-byte loads, narrower loads) from global memory."""
+    loads = re.findall(r"\bld\.global((?:\.\w+)*)", ptx)
+    return sum(".v4.b32" in q for q in loads), sum(".v" not in q for q in loads)
 
 
 def _fmas(ptx: str) -> int:
@@ -139,3 +148,30 @@ def test_token_groups_vectorizes_rows(per_row):
     ptx = _compile(ka._token_groups_kernel, signature, constexprs, 4, divisible=("x_ptr", "C", "stride"))
     assert _accesses(ptx, "ld")[".v4"] > 0
     assert ("atom" in ptx) != per_row
+
+
+@pytest.mark.parametrize("kind, four_six, stochastic", ((1, True, False), (1, False, True), (0, False, False)))
+def test_columnwise_reads_its_tile_16_bytes_per_access(kind, four_six, stochastic):
+    """The columnwise kernel reads a chunk's tile of 16 rows x 8 columns (fp32: 4) per thread as 16-byte loads of
+    consecutive columns: its 2 x 16 element loads per block (the first chunk's and the loop's) are gone; only the
+    exact paths' scattered element loads stay. Without the alignment hints Triton reads one element at a time."""
+    vector, narrow = _loads(_quantizer_ptx(kind, four_six, True, stochastic, vec=True))
+    _, narrow_unhinted = _loads(_quantizer_ptx(kind, four_six, True, stochastic, vec=False))
+    assert vector >= 4 and narrow <= narrow_unhinted - 32
+
+
+def test_columnwise_vector_loads_only_where_aligned():
+    """The launcher promises the hints' alignment only where it holds: x 16-byte aligned, its row stride and
+    column count multiples of 8 bf16 (4 fp32) elements, and whole runs of columns per program."""
+    torch = pytest.importorskip("torch")
+    from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, Launch, _vector_loads
+
+    def vec(x, launch=COLUMN_LAUNCH):
+        return _vector_loads(x, True, 0, launch)
+
+    assert vec(torch.zeros(40, 64, dtype=torch.bfloat16))
+    assert vec(torch.zeros(40, 60, dtype=torch.float32))
+    assert not vec(torch.zeros(40, 64, dtype=torch.bfloat16)[:, :60])  # 60 columns: a run of 8 crosses x's edge
+    assert not vec(torch.zeros(40, 65, dtype=torch.bfloat16)[:, :64])  # row stride 65
+    assert not vec(torch.zeros(40 * 64 + 1, dtype=torch.bfloat16)[1:].view(40, 64))  # 2 bytes off alignment
+    assert not vec(torch.zeros(40, 64, dtype=torch.bfloat16), Launch(4, 8, 8, 1))  # 4 columns per program

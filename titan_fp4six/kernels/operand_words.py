@@ -1,6 +1,7 @@
 """How the quantizer reads its operand and writes its outputs: a block's 16 elements loaded as 32-bit words
-(row-major; vector loads of aligned runs) or element by element down a column (x^T read in place, rows past M
-as zeros), their FP32 values and sign bits, and the chunk's codes, scales, map-to-4 marks and decode stored."""
+(row-major; vector loads of aligned runs) or as a tile down the columns split into one block per thread (x^T
+read in place, rows past M as zeros), their FP32 values and sign bits, and the chunk's codes, scales, map-to-4
+marks and decode stored."""
 
 import triton
 import triton.language as tl
@@ -108,19 +109,44 @@ def column_start(rows64, blks, stride, M):
 
 
 @triton.jit
-def load_column_words(ptr, where, mask, KIND: tl.constexpr):
-    """The words load_words gives for a block of x^T, built from its 16 element loads down a column of x (ptr
-    addresses elements: int16 for 16-bit input, int32 for fp32); each load is a contiguous run over a warp's
-    consecutive columns. Missing rows (padding) load as +0."""
+def load_column_tile(ptr, where, mask, KIND: tl.constexpr, VEC: tl.constexpr):
+    """The 16 elements of each block of x^T as one (BR, NB, 16) tile, element i of a block x[16b + i, k] (ptr
+    addresses elements: int16 for 16-bit input, int32 for fp32); missing rows (padding) load as +0. One load,
+    so the next chunk's tile is in flight while this one is worked on (column_words splits it). VEC (the launcher
+    guarantees x 16-byte aligned and its row stride and column count multiples of 16 bytes' worth of elements):
+    a thread reads 16 bytes of consecutive columns per access, where alone Triton can prove no alignment (the
+    row stride is not specialized) and reads one element at a time."""
     start, stride, left = where
-    es = ()
+    i = tl.arange(0, 16)[None, None, :]
+    offs = start[:, :, None] + i * stride
+    ok = mask[:, :, None] & (i < left[:, :, None])
+    if VEC:
+        V: tl.constexpr = 4 if KIND == 0 else 8
+        offs = tl.max_contiguous(tl.multiple_of(offs, [V, 1, 1]), [V, 1, 1])
+        ok = tl.max_constancy(ok, [V, 1, 1])
+    return tl.load(ptr + offs, mask=ok, other=0)
+
+
+@triton.jit
+def column_words(tile, KIND: tl.constexpr):
+    """The words load_words gives for the blocks of a load_column_tile tile: one (BR, NB) tensor per element
+    (split off the tile's last axis, element 8a + 4b + 2c + d split as a, b, c, d), two 16-bit elements per word
+    (element 2j in the low half) for 16-bit input. The splits gather each block's 16 elements into one thread."""
+    es = (tl.permute(tl.reshape(tile, [tile.shape[0], tile.shape[1], 2, 2, 2, 2]), [0, 1, 5, 4, 3, 2]), )
+    for level in tl.static_range(4):
+        halves = ()
+        for j in tl.static_range(len(es)):
+            lo, hi = tl.split(es[j])
+            halves = halves + (lo, hi)
+        es = halves
+    ws = ()
     for i in tl.static_range(16):
-        es = es + (tl.load(ptr + start + i * stride, mask=mask & (i < left), other=0).to(tl.int32), )
-    ws = es
-    if KIND != 0:  # two 16-bit elements per word, element 2j in the low half
-        ws = ()
+        ws = ws + (es[i].to(tl.int32), )
+    if KIND != 0:
+        packed = ()
         for j in tl.static_range(8):
-            ws = ws + ((es[2 * j] & 0xFFFF) | (es[2 * j + 1] << 16), )
+            packed = packed + ((ws[2 * j] & 0xFFFF) | (ws[2 * j + 1] << 16), )
+        ws = packed
     return ws
 
 

@@ -28,7 +28,7 @@ from .encode import (candidate_scales, decode_words, div, fast_encode_decode, in
                      with_signs)
 from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, error_bounds, exact_candidate,
                        fast_candidate, four_six_exact, tile_max, value_step)
-from .operand_words import block_magnitudes, column_start, load_column_words, load_words, store_chunk
+from .operand_words import block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk
 
 
 class Launch(NamedTuple):
@@ -56,12 +56,12 @@ LAUNCH = {
     ("nvfp4", False): Launch(1, 32, 8, 1),
     ("nvfp4", True): Launch(1, 32, 8, 1),
 }
-# Columnwise (x^T of a row-major x, 1x16 blocks along x's rows): a warp covers 32 consecutive columns k of x, one
-# block (16 rows of one column) per thread, so each of a block's 16 element loads reads a contiguous run of the
-# warp's 32 columns; the chunk loop walks down x's rows. Not yet timed against other shapes on a GPU (every shape
-# gives the same bytes; compiled for sm_90 this one takes 100 registers, 128 stochastic, against the row-major
-# kernel's 64): `python3 -m scripts.bench kernels --only columns` sweeps shapes and register caps.
-COLUMN_LAUNCH = Launch(32, 1, 8, 1)
+# Columnwise (x^T of a row-major x, 1x16 blocks along x's rows): a warp covers 8 consecutive columns k of x and 4
+# consecutive blocks down each (64 rows of x), one block (16 rows of one column) per thread, loaded as one tile
+# whose rows are 16-byte runs of 8 columns. Its 32 bytes of codes per column are whole sectors of x^T's codes,
+# which wider shapes (more columns, fewer blocks) write in 8- or 16-byte pieces: the fastest shape tried on an
+# H200, ~2x the 32-columns-by-one-block shape (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
+COLUMN_LAUNCH = Launch(8, 4, 8, 1)
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # The amax check's device asserts are compiled in only with debug on; sanitize_overflow off keeps the integer
@@ -116,7 +116,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
 
     TRANSPOSED (1x16 and NVFP4) quantizes x^T of a row-major x (M, K) in place: output row k is x's column k,
     its block b x[16b:16b+16, k] (rows from M on read as zeros), x_ptr addresses elements, row_words is x's row
-    stride in elements; only the loads differ (load_column_words builds the same words), the rest is shared.
+    stride in elements; only the loads differ (load_column_tile and column_words build the same words), the rest
+    is shared.
 
     The launcher passes x, codes, map4 and the decode in their own dtypes (a host-side dtype view costs ~1 us
     each); the kernel reads x as int32 words (int16 elements when TRANSPOSED reads a 16-bit x) and writes codes
@@ -172,8 +173,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
         blocks = deferred
         picked = deferred
     if TRANSPOSED:
-        ws_next = load_column_words(x_ptr, column_start(rows64, first, row_words, M), (rows < R) & (first < NBLK),
-                                     KIND)
+        tile_next = load_column_tile(x_ptr, column_start(rows64, first, row_words, M), (rows < R) & (first < NBLK),
+                                     KIND, VEC)
     else:
         ws_next = load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
@@ -184,12 +185,14 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
         else:
             word = rows64 * row_words + blks * WORDS
         # Read the next chunk before working on this one: its load latency hides behind this chunk's arithmetic.
-        ws = ws_next
         nxt = blks + NB
         if TRANSPOSED:
-            ws_next = load_column_words(x_ptr, column_start(rows64, nxt, row_words, M),
-                                         (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND)
+            tile = tile_next
+            tile_next = load_column_tile(x_ptr, column_start(rows64, nxt, row_words, M),
+                                         (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND, VEC)
+            ws = column_words(tile, KIND)
         else:
+            ws = ws_next
             ws_next = load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
                                   WORDS, VEC)
         xs = block_magnitudes(ws, KIND)
@@ -372,12 +375,25 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
                   scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, layout.n_groups, chunks,
                   x.shape[0], seed if flags.stochastic else 0, _INPUT_KIND[x.dtype], flags.four_six, flags.tile16,
                   flags.mse, flags.six_b, flags.r6b,
-                  decode, not transposed and x.data_ptr() % 16 == 0 and row_words % 4 == 0, x.is_cuda,
+                  decode, _vector_loads(x, transposed, row_words, launch), x.is_cuda,
                   flags.four_six and flags.tile16 and amax.dim() == 0, launch.rows, launch.blocks, transposed,
                   flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, flags.stochastic,
                   num_warps=launch.warps,
                   maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
+
+
+def _vector_loads(x, transposed: bool, row_words: int, launch: Launch) -> bool:
+    """Whether the kernel may read x 16 bytes per access: x 16-byte aligned, and its rows 16-byte aligned
+    (row-major) or, read columnwise, its row stride, its column count and the launch's columns per program
+    multiples of 16 bytes' worth of elements (so every run of that many columns a thread reads is aligned and
+    wholly inside or outside x)."""
+    if x.data_ptr() % 16:
+        return False
+    if not transposed:
+        return row_words % 4 == 0
+    per_access = 16 // x.element_size()
+    return x.stride(0) % per_access == 0 and x.shape[1] % per_access == 0 and launch.rows % per_access == 0
 
 
 def eligible(x: torch.Tensor) -> bool:
