@@ -68,15 +68,16 @@ def _bf16_input(rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, device="cuda", generator=torch.Generator("cuda").manual_seed(0)).to(torch.bfloat16)
 
 
-def _bytes_4over6(e: int) -> int:
+def _bytes_4over6(e: int, decode: bool = False) -> int:
     """Bytes a 4/6 quantization of e bf16 elements moves: the input read; codes, scales and map-to-4 flags
-    written."""
-    return e * 2 + e // 2 + 2 * (e // 16)
+    written (and the bf16 decode with `decode`)."""
+    return e * 2 + e // 2 + 2 * (e // 16) + (2 * e if decode else 0)
 
 
-def _bytes_nvfp4(e: int) -> int:
-    """Bytes an NVFP4 quantization of e bf16 elements moves: the input read; codes and scales written."""
-    return e * 2 + e // 2 + e // 16
+def _bytes_nvfp4(e: int, decode: bool = False) -> int:
+    """Bytes an NVFP4 quantization of e bf16 elements moves: the input read; codes and scales written (and the
+    bf16 decode with `decode`)."""
+    return e * 2 + e // 2 + e // 16 + (2 * e if decode else 0)
 
 
 STOCHASTIC_SEED = 12345  # the stochastic-rounding rows' seed
@@ -108,7 +109,7 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     amax = dispatch.row_amax(x) if mode == "row" else dispatch.tensor_amax(x)
     n = rows * cols
     quant_bytes = _bytes_4over6(n)  # the amax read is negligible
-    dec_bytes = quant_bytes + n * 2  # plus the bf16 decode
+    dec_bytes = _bytes_4over6(n, decode=True)
     t = _least_of_rounds({
         "fos": lambda: kq.quantize(x, amax, OperandSpec(block=block)),
         "fused": lambda: kq.quantize(x, amax, OperandSpec(block=block), True),
@@ -208,8 +209,9 @@ def operand_kernels(m, k, rep_ms, rounds):
         "colnvsr": lambda: kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, False, seed=STOCHASTIC_SEED),
         "colnvsr_unfused": lambda: kq.quantize(transposed(), amax, NVFP4_STOCHASTIC, seed=STOCHASTIC_SEED),
     })
-    sizes = {"nv_dec": _bytes_nvfp4(n) + 2 * n, "col46": _bytes_4over6(n), "col46d": _bytes_4over6(np_) + 2 * np_,
-             "colnv": _bytes_nvfp4(np_), "colnvd": _bytes_nvfp4(np_) + 2 * np_, "dec": n // 2 + n // 16 + 2 * n,
+    sizes = {"nv_dec": _bytes_nvfp4(n, decode=True), "col46": _bytes_4over6(n),
+             "col46d": _bytes_4over6(np_, decode=True), "colnv": _bytes_nvfp4(np_),
+             "colnvd": _bytes_nvfp4(np_, decode=True), "dec": n // 2 + n // 16 + 2 * n,
              "deq": n // 2 + n // 16 + 2 * n, "rht": 2 * n + 2 * np_, "nv": _bytes_nvfp4(n), "nvsr": _bytes_nvfp4(n),
              "colnvsr": _bytes_nvfp4(np_)}
     for name, nbytes in sizes.items():
@@ -262,7 +264,7 @@ def column_launches(m, k, rep_ms, rounds):
     np_ = -(-m // 16) * 16 * k
     kernels = {"NVFP4": (NVFP4, False, None, _bytes_nvfp4(np_)),
                "4/6": (OperandSpec(), False, None, _bytes_4over6(np_)),
-               "4/6 + decode": (OperandSpec(), True, None, _bytes_4over6(np_) + 2 * np_),
+               "4/6 + decode": (OperandSpec(), True, None, _bytes_4over6(np_, decode=True)),
                "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, STOCHASTIC_SEED, _bytes_nvfp4(np_))}
     element_loads = "shipped, element loads"
 
