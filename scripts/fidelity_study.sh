@@ -25,6 +25,9 @@ declare -A RECIPE=([qwen3_base]=configs/qwen3_moe_debug_nvfp4_four_over_six.toml
 # (0.37 epoch: no sample repeats), the peak lr of each slice after 40 warm-up steps, final loss = mean of the
 # last 100 steps.
 [ $# -gt 0 ] || { echo "name at least one slice: ${!RECIPE[*]}" >&2; exit 2; }
+# Slices whose bf16 twin is another slice's (the recipes differ only in what they quantize): their bf16 runs are
+# that slice's (compare --bf16-from), trained once.
+declare -A BF16_FROM=([deepseek_all]=deepseek_base)
 declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=2e-4 [deepseek_all]=2e-4 [deepseek_full]=2e-4 [qwen3_full]=4e-4)
 STUDY=(--seeds "${SEEDS:-5}" --steps 400 --tail 100 --training.dataset titan_fp4six_code
        --training.local_batch_size 8 --training.seq_len 512)
@@ -40,20 +43,32 @@ JOBS=${JOBS:-$(( $(getconf _NPROCESSORS_ONLN) / $# ))}
 [ "$JOBS" -ge 1 ] || JOBS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per run: more threads only contend on the host
 ARCHIVE=docs/fidelity/runs
+declare -A SHARED=()  # every slice whose folder this study reads: the ones named and their bf16 sources
 for slice in "$@"; do
   [ -n "${RECIPE[$slice]:-}" ] || { echo "unknown slice $slice; valid: ${!RECIPE[*]}" >&2; exit 2; }
+  SHARED[$slice]=1
+  [ -n "${BF16_FROM[$slice]:-}" ] && SHARED[${BF16_FROM[$slice]}]=1
+done
+for slice in "${!SHARED[@]}"; do
   mkdir -p "$OUT/$slice"
   [ -f "$ARCHIVE/$slice.tar.gz" ] && tar xzf "$ARCHIVE/$slice.tar.gz" -C "$OUT/$slice" --skip-old-files
 done
+compare_command() {  # CMD = the comparison of slice $1 on the study setup
+  CMD=(python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$1]}" --out "$OUT/$1" "${STUDY[@]}"
+       --optimizer.lr "${LR[$1]}" "${WARMUP[@]}" "${VARIANTS[@]}")
+  [ -n "${BF16_FROM[$1]:-}" ] && CMD+=(--bf16-from "$OUT/${BF16_FROM[$1]}")
+}
 for slice in "$@"; do
-  timeout "${BUDGET:-7200}" python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" \
-    --jobs "$JOBS" "${STUDY[@]}" --optimizer.lr "${LR[$slice]}" "${WARMUP[@]}" "${VARIANTS[@]}" > "$OUT/$slice.txt" 2>&1 &
+  compare_command "$slice"
+  timeout "${BUDGET:-7200}" "${CMD[@]}" --jobs "$JOBS" > "$OUT/$slice.txt" 2>&1 &
 done
 wait
 for slice in "$@"; do  # the report of what finished, also when BUDGET stopped a slice
-  python3 -m titan_fp4six.compare --job.config_file "${RECIPE[$slice]}" --out "$OUT/$slice" "${STUDY[@]}" \
-    --optimizer.lr "${LR[$slice]}" "${WARMUP[@]}" "${VARIANTS[@]}" --report-only > /dev/null 2>&1
-  (cd "$OUT/$slice" && tar czf "../$slice.tar.gz" $(for e in runs/*.exit; do echo "$e" "${e%.exit}.log"; done))
+  compare_command "$slice"
+  "${CMD[@]}" --report-only > /dev/null 2>&1
   grep "^\[compare\]" "$OUT/$slice.txt" | tail -n 3
   [ -f "$OUT/$slice/compare.md" ] && cat "$OUT/$slice/compare.md"
+done
+for slice in "${!SHARED[@]}"; do  # bf16 runs trained for a slice may live in its source's folder
+  (cd "$OUT/$slice" && tar czf "../$slice.tar.gz" $(for e in runs/*.exit; do echo "$e" "${e%.exit}.log"; done))
 done

@@ -111,6 +111,12 @@ def test_a_recipe_without_four_over_six_is_refused():
 def _fake_run(tmp_path: Path, variant: str, seed: int, losses: list[float], code: int | None) -> Job:
     job = Job(variant, seed, command(Path("x.toml"), seed, len(losses), tmp_path, [], []),
               tmp_path / f"{variant.replace('/', 'of')}_{seed}.log")
+    return _write_log(job, losses, code)
+
+
+def _write_log(job: Job, losses: list[float], code: int | None) -> Job:
+    """The log (and exit file, unless code is None) a run of `job` leaves, with these losses."""
+    job.log.parent.mkdir(parents=True, exist_ok=True)
     lines = [job.header()] + [f"[titan] INFO - step: {i:2}  loss: {v:8.5f}  grad_norm:  1.0000  memory:  3.10GiB(2%)\n"
                               for i, v in enumerate(losses, 1)]
     job.log.write_text("".join(lines))
@@ -139,6 +145,39 @@ def test_crashed_diverged_and_missing_runs_are_reported_not_dropped(tmp_path):
     assert "exit 1 after 2 of 4 steps" in text and "non-finite loss or grad norm at step 3" in text
     assert "**failed**" in text and "**diverged**" in text and "**not run**" in text
     assert json.loads(report.to_json(list(summaries.values()), outcomes, {}))["runs"][3]["status"] == "ok"
+
+
+def test_bf16_runs_are_read_from_the_comparison_that_shares_them(tmp_path, capsys):
+    """--bf16-from: the all-Linears comparison reads the bf16 runs of the base point's folder (same twin), trains
+    its own variants in its own, and refuses a folder whose bf16 runs are another training, before any run."""
+    from titan_fp4six.compare.__main__ import main, parse_args, plan
+
+    base, full = tmp_path / "base", tmp_path / "all"
+    study = ["--seeds", "2", "--steps", "3", "--tail", "1", "--training.seq_len", "64"]
+    args, trainer = parse_args(["--job.config_file", str(CONFIGS / "deepseek_v3_debugmodel_nvfp4_four_over_six.toml"),
+                                "--out", str(base), *study])
+    for job in plan(args, trainer)[1]:
+        _write_log(job, [5.0, 4.0, 3.0 + 0.1 * job.seed], 0)
+    shared = ["--job.config_file", str(CONFIGS / "deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml"),
+              "--bf16-from", str(base)]
+    args, trainer = parse_args([*shared, "--out", str(full), *study])
+    jobs = plan(args, trainer)[1]
+    assert {j.log.parent for j in jobs if j.variant == "bf16"} == {base / "runs"}
+    assert all(j.done_before() for j in jobs if j.variant == "bf16")
+    assert {j.log.parent for j in jobs if j.variant != "bf16"} == {full / "runs"}
+    for job in jobs:
+        if job.variant != "bf16":
+            _write_log(job, [5.0, 4.0, 3.05 + 0.1 * job.seed], 0)
+    assert main([*shared, "--out", str(full), *study, "--report-only", "--no-plot"]) == 0
+    result = json.loads((full / "compare.json").read_text())
+    assert {(r["variant"], r["status"]) for r in result["runs"]} == {(v, "ok") for v in ("bf16", "nvfp4", "4/6")}
+    assert {v["name"]: v for v in result["variants"]}["4/6"]["gap_to_bf16"]["mean"] == pytest.approx(0.05)
+
+    with pytest.raises(SystemExit, match="not this comparison's run"):  # other trainer settings: not the same runs
+        plan(*parse_args([*shared, "--out", str(full), *study[:-1], "128"]))
+    with pytest.raises(SystemExit, match="another training than this recipe's bf16 twin"):  # another model
+        plan(*parse_args(["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"),
+                          "--bf16-from", str(base), "--out", str(tmp_path / "qwen"), *study]))
 
 
 def test_gpu_concurrency_follows_the_runs_memory():

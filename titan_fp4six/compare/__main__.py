@@ -7,15 +7,18 @@ command trains only the runs that have not finished; ``--report-only`` rebuilds 
 """
 
 import argparse
+import json
 import os
 import shlex
 import signal
 import sys
 from pathlib import Path
 
+import tomli
+
 from .report import markdown, plot, read_outcome, summarize, to_json
 from .runs import Job, Scheduler, command, device_memory_gib
-from .variants import derive, dumps, load_recipe
+from .variants import BF16, derive, dumps, load_recipe
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -31,6 +34,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "bf16, nvfp4, 4/6 or an earlier --variant (e.g. 'nvfp4 B256=nvfp4 scale_bound=256')")
     p.add_argument("--only", help="comma-separated variant names to run (must include bf16)")
     p.add_argument("--out", type=Path, help="output folder (default outputs/compare/<recipe name>)")
+    p.add_argument("--bf16-from", type=Path, metavar="DIR",
+                   help="the bf16 runs live in DIR, the --out of a comparison of another recipe with the same bf16 "
+                        "twin (recipes that differ only in what they quantize): read there, trained there if "
+                        "missing, so a study of several such recipes trains bf16 once")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="most runs at once on a GPU (default: the CPU count; memory permitting); CPU: 1")
     p.add_argument("--timeout", type=float, default=7200, help="seconds before a run is stopped (reported failed)")
@@ -62,9 +69,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
     variants = args.variants
+    home = {v.name: args.bf16_from if v.name == BF16 and args.bf16_from else args.out for v in variants}
     configs = {}
     for v in variants:
-        configs[v.name] = args.out / "variants" / f"{v.slug}.toml"
+        configs[v.name] = home[v.name] / "variants" / f"{v.slug}.toml"
+        if home[v.name] != args.out:
+            _check_same_training(configs[v.name], v.recipe)
         if not args.report_only:
             configs[v.name].parent.mkdir(parents=True, exist_ok=True)
             configs[v.name].write_text(f"# compare variant {v.name!r} of {args.config}\n" + dumps(v.recipe))
@@ -72,9 +82,32 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
     for seed in range(args.seed_start, args.seed_start + args.seeds):
         for v in variants:
             name = f"{v.slug}_seed{seed}"
-            cmd = command(configs[v.name], seed, args.steps, args.out / "dump" / name, trainer, v.overrides)
-            jobs.append(Job(v.name, seed, cmd, args.out / "runs" / f"{name}.log"))
+            cmd = command(configs[v.name], seed, args.steps, home[v.name] / "dump" / name, trainer, v.overrides)
+            job = Job(v.name, seed, cmd, home[v.name] / "runs" / f"{name}.log")
+            if home[v.name] != args.out and job.log.is_file() and not job.done_before():
+                with open(job.log) as f:
+                    raise SystemExit(f"--bf16-from {args.bf16_from}: its {job.log.name} is not this comparison's "
+                                     f"run (another command, or unfinished), and training it here would replace "
+                                     f"it; that run: {f.readline().strip()}; this one: {job.header().strip()}")
+            jobs.append(job)
     return variants, jobs
+
+
+def _check_same_training(path: Path, recipe: dict) -> None:
+    """A shared variant's TOML already in the other folder must be this recipe's but for the job's texts."""
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        theirs = tomli.load(f)
+    ours = json.loads(json.dumps(recipe))
+    for doc in (theirs, ours):
+        for key in ("description", "dump_folder"):
+            doc.get("job", {}).pop(key, None)
+    if theirs != ours:
+        keys = sorted(f"{s}.{k}" for s in {*theirs, *ours} for k in {*theirs.get(s, {}), *ours.get(s, {})}
+                      if theirs.get(s, {}).get(k) != ours.get(s, {}).get(k))
+        raise SystemExit(f"--bf16-from: {path} is another training than this recipe's bf16 twin (differs in "
+                         f"{', '.join(keys)}): its runs cannot stand in for this comparison's")
 
 
 def main(argv: list[str] | None = None) -> int:
