@@ -173,8 +173,11 @@ def test_bf16_runs_are_read_from_the_comparison_that_shares_them(tmp_path, capsy
     assert {(r["variant"], r["status"]) for r in result["runs"]} == {(v, "ok") for v in ("bf16", "nvfp4", "4/6")}
     assert {v["name"]: v for v in result["variants"]}["4/6"]["gap_to_bf16"]["mean"] == pytest.approx(0.05)
 
-    with pytest.raises(SystemExit, match="not this comparison's run"):  # other trainer settings: not the same runs
+    with pytest.raises(SystemExit, match="another command's run"):  # other trainer settings: not the same runs
         plan(*parse_args([*shared, "--out", str(full), *study[:-1], "128"]))
+    unfinished = [j for j in jobs if j.variant == "bf16"][0]
+    unfinished.exit_file.unlink()  # stopped before the end: trained again in its folder, not refused
+    assert not [j for j in plan(args, trainer)[1] if j.variant == "bf16" and j.seed == 0][0].done_before()
     with pytest.raises(SystemExit, match="another training than this recipe's bf16 twin"):  # another model
         plan(*parse_args(["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"),
                           "--bf16-from", str(base), "--out", str(tmp_path / "qwen"), *study]))

@@ -73,9 +73,10 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
     configs = {}
     for v in variants:
         configs[v.name] = home[v.name] / "variants" / f"{v.slug}.toml"
-        if home[v.name] != args.out:
+        shared = home[v.name] != args.out
+        if shared:
             _check_same_training(configs[v.name], v.recipe)
-        if not args.report_only:
+        if not args.report_only and not (shared and configs[v.name].is_file()):  # the other folder's stays
             configs[v.name].parent.mkdir(parents=True, exist_ok=True)
             configs[v.name].write_text(f"# compare variant {v.name!r} of {args.config}\n" + dumps(v.recipe))
     jobs = []  # seed-major: a comparison stopped early leaves whole seeds, which pair
@@ -84,11 +85,13 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
             name = f"{v.slug}_seed{seed}"
             cmd = command(configs[v.name], seed, args.steps, home[v.name] / "dump" / name, trainer, v.overrides)
             job = Job(v.name, seed, cmd, home[v.name] / "runs" / f"{name}.log")
-            if home[v.name] != args.out and job.log.is_file() and not job.done_before():
+            if home[v.name] != args.out and job.log.is_file():
                 with open(job.log) as f:
-                    raise SystemExit(f"--bf16-from {args.bf16_from}: its {job.log.name} is not this comparison's "
-                                     f"run (another command, or unfinished), and training it here would replace "
-                                     f"it; that run: {f.readline().strip()}; this one: {job.header().strip()}")
+                    theirs = f.readline()
+                if theirs != job.header():  # an unfinished run of the same command is trained again, as here
+                    raise SystemExit(f"--bf16-from {args.bf16_from}: its {job.log.name} is another command's run, "
+                                     f"which training it here would replace; that run: {theirs.strip()}; this "
+                                     f"one: {job.header().strip()}")
             jobs.append(job)
     return variants, jobs
 
