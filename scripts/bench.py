@@ -209,11 +209,11 @@ def operand_kernels(m, k, rep_ms, rounds):
         "colnvsr": lambda: kq.quantize_columnwise(x, amax, NVFP4_STOCHASTIC, False, seed=STOCHASTIC_SEED),
         "colnvsr_unfused": lambda: kq.quantize(transposed(), amax, NVFP4_STOCHASTIC, seed=STOCHASTIC_SEED),
     })
+    decode_bytes = n // 2 + n // 16 + 2 * n  # codes and scales read, bf16 written
     sizes = {"nv_dec": _bytes_nvfp4(n, decode=True), "col46": _bytes_4over6(n),
              "col46d": _bytes_4over6(np_, decode=True), "colnv": _bytes_nvfp4(np_),
-             "colnvd": _bytes_nvfp4(np_, decode=True), "dec": n // 2 + n // 16 + 2 * n,
-             "deq": n // 2 + n // 16 + 2 * n, "rht": 2 * n + 2 * np_, "nv": _bytes_nvfp4(n), "nvsr": _bytes_nvfp4(n),
-             "colnvsr": _bytes_nvfp4(np_)}
+             "colnvd": _bytes_nvfp4(np_, decode=True), "dec": decode_bytes, "deq": decode_bytes,
+             "rht": 2 * n + 2 * np_, "nv": _bytes_nvfp4(n), "nvsr": _bytes_nvfp4(n), "colnvsr": _bytes_nvfp4(np_)}
     for name, nbytes in sizes.items():
         fns["copy_" + name] = _copy(nbytes)
     t = _least_of_rounds(fns, rep_ms, rounds)

@@ -147,7 +147,7 @@ def test_crashed_diverged_and_missing_runs_are_reported_not_dropped(tmp_path):
     assert json.loads(report.to_json(list(summaries.values()), outcomes, {}))["runs"][3]["status"] == "ok"
 
 
-def test_bf16_runs_are_read_from_the_comparison_that_shares_them(tmp_path, capsys):
+def test_bf16_runs_are_read_from_the_comparison_that_shares_them(tmp_path):
     """--bf16-from: the all-Linears comparison reads the bf16 runs of the base point's folder (same twin), trains
     its own variants in its own, and refuses a folder whose bf16 runs are another training, before any run."""
     from titan_fp4six.compare.__main__ import main, parse_args, plan

@@ -70,13 +70,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
     variants = args.variants
     home = {v.name: args.bf16_from if v.name == BF16 and args.bf16_from else args.out for v in variants}
+    shared = {name for name, folder in home.items() if folder != args.out}
     configs = {}
     for v in variants:
         configs[v.name] = home[v.name] / "variants" / f"{v.slug}.toml"
-        shared = home[v.name] != args.out
-        if shared:
+        if v.name in shared:
             _check_same_training(configs[v.name], v.recipe)
-        if not args.report_only and not (shared and configs[v.name].is_file()):  # the other folder's stays
+        if not args.report_only and not (v.name in shared and configs[v.name].is_file()):  # the other folder's stays
             configs[v.name].parent.mkdir(parents=True, exist_ok=True)
             configs[v.name].write_text(f"# compare variant {v.name!r} of {args.config}\n" + dumps(v.recipe))
     jobs = []  # seed-major: a comparison stopped early leaves whole seeds, which pair
@@ -85,7 +85,7 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
             name = f"{v.slug}_seed{seed}"
             cmd = command(configs[v.name], seed, args.steps, home[v.name] / "dump" / name, trainer, v.overrides)
             job = Job(v.name, seed, cmd, home[v.name] / "runs" / f"{name}.log")
-            if home[v.name] != args.out and job.log.is_file():
+            if v.name in shared and job.log.is_file():
                 with open(job.log) as f:
                     theirs = f.readline()
                 if theirs != job.header():  # an unfinished run of the same command is trained again, as here
