@@ -8,7 +8,8 @@
 #   bash scripts/fidelity_study.sh outputs/study SLICE...
 # SLICE: qwen3_base (Qwen3 MoE debug, routed experts, the RL base point: row-scaled, high-precision backward),
 #        deepseek_base (DeepSeek-V3 debug, the same knobs), deepseek_all (DeepSeek-V3 debug, every dense Linear
-#        but the LM head and router plus the routed experts, quantized dense backward), deepseek_full / qwen3_full
+#        but the LM head and router plus the routed experts, quantized dense backward), qwen3_all (Qwen3 MoE debug,
+#        the same knobs: the attention Linears and the routed experts), deepseek_full / qwen3_full
 #        (the full NVFP4 recipe: every operand FP4 in both passes, stochastic gradients, RHT on the wgrad inputs).
 # BOUNDS=1 adds the scale-bound variants (NVFP4 with B=256, 4/6 with B=448); BUDGET caps each slice's seconds;
 # JOBS sets the runs at once per slice.
@@ -20,6 +21,7 @@ declare -A RECIPE=([qwen3_base]=configs/qwen3_moe_debug_nvfp4_four_over_six.toml
                    [deepseek_base]=configs/deepseek_v3_debugmodel_nvfp4_four_over_six.toml
                    [deepseek_all]=configs/deepseek_v3_debugmodel_nvfp4_four_over_six_all_linears.toml
                    [deepseek_full]=configs/deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml
+                   [qwen3_all]=configs/qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml
                    [qwen3_full]=configs/qwen3_moe_debug_nvfp4_four_over_six_full.toml)
 # The study setup (docs/fidelity.md says why): 400 steps of 8 x 512 tokens from the 4.4M-token code corpus
 # (0.37 epoch: no sample repeats), the peak lr of each slice after 40 warm-up steps, final loss = mean of the
@@ -27,8 +29,8 @@ declare -A RECIPE=([qwen3_base]=configs/qwen3_moe_debug_nvfp4_four_over_six.toml
 [ $# -gt 0 ] || { echo "name at least one slice: ${!RECIPE[*]}" >&2; exit 2; }
 # Slices whose bf16 twin is another slice's (the recipes differ only in what they quantize): their bf16 runs are
 # that slice's (compare --bf16-from), trained once.
-declare -A BF16_FROM=([deepseek_all]=deepseek_base)
-declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=2e-4 [deepseek_all]=2e-4 [deepseek_full]=2e-4 [qwen3_full]=4e-4)
+declare -A BF16_FROM=([deepseek_all]=deepseek_base [qwen3_all]=qwen3_base)
+declare -A LR=([qwen3_base]=4e-4 [deepseek_base]=2e-4 [deepseek_all]=2e-4 [deepseek_full]=2e-4 [qwen3_all]=4e-4 [qwen3_full]=4e-4)
 STUDY=(--seeds "${SEEDS:-5}" --steps 400 --tail 100 --training.dataset titan_fp4six_code
        --training.local_batch_size 8 --training.seq_len 512)
 WARMUP=(--lr_scheduler.warmup_steps 40)

@@ -68,6 +68,8 @@ def _without_job_text(recipe: dict) -> dict:
      "deepseek_v3_debugmodel_nvfp4_all_linears.toml"),
     ("deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml", "deepseek_v3_debugmodel_bf16.toml",
      "deepseek_v3_debugmodel_nvfp4_full.toml"),
+    ("qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml", "qwen3_moe_debug_bf16.toml",
+     "qwen3_moe_debug_nvfp4_all_linears.toml"),
     ("qwen3_moe_debug_nvfp4_four_over_six_full.toml", "qwen3_moe_debug_bf16.toml",
      "qwen3_moe_debug_nvfp4_full.toml")])
 def test_twins_derived_from_a_recipe_equal_the_shipped_twins(recipe, bf16, nvfp4):

@@ -59,6 +59,12 @@ EXPECTED = {
         {**{n: NVFP4_ALL_LINEARS.resolve(grouped=True) for n in _experts(range(1, 6))},
          **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _deepseek_linears(range(6))}},
     "qwen3_moe_debug_nvfp4.toml": {n: replace(RL_BASE, scale_bound=448, scope="none") for n in _experts(range(8))},
+    "qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml":
+        {**{n: ALL_LINEARS.resolve(grouped=True) for n in _experts(range(8))},
+         **{n: ALL_LINEARS.resolve(grouped=False) for n in _qwen3_linears(range(8))}},
+    "qwen3_moe_debug_nvfp4_all_linears.toml":
+        {**{n: NVFP4_ALL_LINEARS.resolve(grouped=True) for n in _experts(range(8))},
+         **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _qwen3_linears(range(8))}},
     "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
     "deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml":
         _full(FULL, _deepseek_linears(range(1, 5)), _experts(range(1, 5))),

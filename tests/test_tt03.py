@@ -112,6 +112,8 @@ EXPECTED = {  # recipe -> (converted Linears, converted routed-experts modules) 
     "qwen3_moe_debug_nvfp4_four_over_six": (0, 8),
     "qwen3_moe_debug_nvfp4": (0, 8),
     "qwen3_moe_debug_bf16": (0, 0),
+    "qwen3_moe_debug_nvfp4_four_over_six_all_linears": (16, 8),  # 8 layers: fused qkv and out in 0.3
+    "qwen3_moe_debug_nvfp4_all_linears": (16, 8),
     "deepseek_v3_debugmodel_nvfp4_full": (28, 4),  # layers 1-4: 4 attention + 3 shared-expert Linears each
     "deepseek_v3_debugmodel_nvfp4_four_over_six_full": (28, 4),
     "qwen3_moe_debug_nvfp4_full": (12, 6),  # layers 1-6: 2 attention Linears each in 0.3 (fused qkv, out)

@@ -124,6 +124,14 @@ def qwen3_moe_debug_nvfp4() -> FourOverSixTrainer.Config:
     return from_recipe("qwen3_moe_debug_nvfp4")
 
 
+def qwen3_moe_debug_nvfp4_four_over_six_all_linears() -> FourOverSixTrainer.Config:
+    return from_recipe("qwen3_moe_debug_nvfp4_four_over_six_all_linears")
+
+
+def qwen3_moe_debug_nvfp4_all_linears() -> FourOverSixTrainer.Config:
+    return from_recipe("qwen3_moe_debug_nvfp4_all_linears")
+
+
 def qwen3_moe_debug_bf16() -> FourOverSixTrainer.Config:
     return from_recipe("qwen3_moe_debug_bf16")
 
