@@ -46,6 +46,21 @@ def test_fieller_ratio_by_hand():
     assert not loose.bounded and loose.low is None
 
 
+def test_t_p_values_and_holm_by_hand():
+    # t_{0.975, df} leaves 5% in the two tails (the table's 3 decimals move p by < 2e-4); df = 1 is Cauchy:
+    # p = 2 atan(1 / |t|) / pi, inside the integrated range and on the power-law tail past |t| = 60
+    assert all(stats.t_two_sided_p(stats.t975(df), df) == pytest.approx(0.05, abs=2e-4) for df in range(1, 31))
+    for t in (0.3, -2.0, 12.706, 59.0, 61.0, 1e4):
+        assert stats.t_two_sided_p(t, 1) == pytest.approx(2 / math.pi * math.atan(1 / abs(t)), rel=2e-4)
+    assert stats.t_two_sided_p(0.0, 7) == pytest.approx(1.0)
+    # mean 0.02, sd 0.0158114, n 5: t = 2.8284 with df 4, just past t_{0.975, 4} = 2.776
+    assert stats.paired_p(stats.mean_interval([0.01, 0.03, 0.02, 0.04, 0.00])) == pytest.approx(0.0474, abs=5e-4)
+    # sorted 0.005 <= 0.05/4, 0.01 <= 0.05/3, then 0.03 > 0.05/2 stops the step-down (0.04 is not reached)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert stats.holm([0.2, 0.001]) == [False, True] and stats.holm([0.02, 0.04]) == [True, True]
+    assert stats.holm([0.03, 0.04]) == [False, False]  # 0.03 > 0.05 / 2
+
+
 def test_final_loss_and_spikes():
     losses = {s: float(s) for s in range(1, 11)}
     assert stats.final_loss(losses, 10, 4) == pytest.approx(8.5)
@@ -147,6 +162,26 @@ def test_crashed_diverged_and_missing_runs_are_reported_not_dropped(tmp_path):
     assert "exit 1 after 2 of 4 steps" in text and "non-finite loss or grad norm at step 3" in text
     assert "**failed**" in text and "**diverged**" in text and "**not run**" in text
     assert json.loads(report.to_json(list(summaries.values()), outcomes, {}))["runs"][3]["status"] == "ok"
+
+
+def test_the_tables_intervals_are_read_together(tmp_path):
+    """NVFP4 and 4/6 each ~0.02 above bf16 (p = 0.047 and 0.039 on their own: both intervals exclude 0) and 4/6
+    0.0014 above NVFP4 with almost no spread (p < 1e-4): Holm's step-down over the table's three intervals keeps
+    the last (< 0.05 / 3) and stops at 0.039 > 0.05 / 2, in the markdown and the JSON."""
+    bf16 = [2.0, 2.3, 2.1, 2.2, 2.4]
+    d_nv = [0.01, 0.03, 0.02, 0.04, 0.00]
+    d_46 = [d + e for d, e in zip(d_nv, [0.002, 0.001, 0.001, 0.002, 0.001])]
+    finals = {"bf16": bf16, "nvfp4": [b + d for b, d in zip(bf16, d_nv)], "4/6": [b + d for b, d in zip(bf16, d_46)]}
+    outcomes = [report.read_outcome(_fake_run(tmp_path, v, seed, [5.0, loss], 0), 2, 1, 5.0)
+                for v, losses in finals.items() for seed, loss in enumerate(losses)]
+    summaries = report.summarize(outcomes, list(finals))
+    tests = {t["comparison"]: t for t in report.family(summaries)}
+    assert set(tests) == {"nvfp4 - bf16", "4/6 - bf16", "4/6 - nvfp4"} and all(t["excludes_zero"] for t in tests.values())
+    assert [tests[c]["holm_excludes_zero"] for c in ("nvfp4 - bf16", "4/6 - bf16", "4/6 - nvfp4")] == [False, False, True]
+    text = report.markdown(summaries, outcomes, "setup")
+    assert "over the table's 3 paired intervals" in text and "4/6 - nvfp4 (p = " in text
+    assert "its own interval only: nvfp4 - bf16, 4/6 - bf16." in text
+    assert json.loads(report.to_json(summaries, outcomes, {}))["family"] == report.family(summaries)
 
 
 def test_bf16_runs_are_read_from_the_comparison_that_shares_them(tmp_path):

@@ -1,5 +1,5 @@
-"""What a comparison found: per-run outcomes read from the logs, per-variant statistics, and the markdown table,
-JSON and plot written from them.
+"""What a comparison found: per-run outcomes read from the logs, per-variant statistics, the table's intervals
+read together (Holm), and the markdown table, JSON and plot written from them.
 
 A run that crashed, timed out or diverged stays in every output with its status; the statistics use the seeds
 whose runs finished (paired statistics: the seeds where both runs finished), and say how many that is.
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .runs import Job, parse_steps
-from .stats import Estimate, Ratio, fieller_ratio, final_loss, mean_interval, spikes
+from .stats import Estimate, Ratio, fieller_ratio, final_loss, holm, mean_interval, paired_p, spikes
 from .variants import BF16, NVFP4
 
 
@@ -97,6 +97,26 @@ def summarize(outcomes: list[Outcome], variants: list[str]) -> list[VariantSumma
     return out
 
 
+def family(summaries: list[VariantSummary]) -> list[dict]:
+    """The table's paired intervals (each variant's gap to bf16, and to NVFP4) read as one family: each with its
+    two-sided p-value and whether Holm's step-down at a family-wise 5% keeps "excludes 0"."""
+    tests = [(f"{s.name} - {base}", e) for s in summaries
+             for base, e in ((BF16, s.gap_to_bf16), (NVFP4, s.gap_to_nvfp4)) if e is not None and e.sd is not None]
+    pvalues = [paired_p(e) for _, e in tests]
+    return [{"comparison": name, "mean": e.mean, "n": e.n, "p": p, "excludes_zero": e.excludes_zero(),
+             "holm_excludes_zero": kept} for (name, e), p, kept in zip(tests, pvalues, holm(pvalues))]
+
+
+def _family_line(tests: list[dict]) -> str:
+    kept = [f"{t['comparison']} (p = {t['p']:.2g})" for t in tests if t["holm_excludes_zero"]]
+    lost = [t["comparison"] for t in tests if t["excludes_zero"] and not t["holm_excludes_zero"]]
+    line = (f"Read together (Holm's step-down over the table's {len(tests)} paired intervals, family-wise 5%): "
+            + (", ".join(kept) + " exclude 0" if kept else "none excludes 0"))
+    if lost:
+        line += f"; excluding 0 on its own interval only: {', '.join(lost)}"
+    return line + "."
+
+
 def verdict(e: Estimate | None, lower: str, higher: str) -> str:
     """`lower` when the interval lies below 0, `higher` above, else 'not distinguishable'."""
     if e is None or e.low is None:
@@ -136,6 +156,9 @@ def markdown(summaries: list[VariantSummary], outcomes: list[Outcome], setup: st
         vs_nv = verdict(s.gap_to_nvfp4, "helps", "hurts") if s.gap_to_nvfp4 is not None else "-"
         lines.append(f"| {s.name} | {s.ok}/{s.seeds} | {_est(s.final, signed=False)} | {_est(s.gap_to_bf16)} | "
                      f"{_est(s.gap_to_nvfp4)} | {_ratio(s.nvfp4_gap_closed)} | {norm} | {vs_bf16} | {vs_nv} |")
+    tests = family(summaries)
+    if len(tests) > 1:
+        lines += ["", _family_line(tests)]
     bf16 = next((s for s in summaries if s.name == BF16), None)
     if bf16 and bf16.final and bf16.final.sd is not None:
         lines += ["", f"bf16 seed-to-seed standard deviation of the final loss: {bf16.final.sd:.4f} nats."]
@@ -159,8 +182,8 @@ def markdown(summaries: list[VariantSummary], outcomes: list[Outcome], setup: st
 def to_json(summaries: list[VariantSummary], outcomes: list[Outcome], meta: dict) -> str:
     runs = [{"variant": o.variant, "seed": o.seed, "status": o.status, "detail": o.detail, "final": o.final,
              "spike_steps": o.spike_steps, "loss": o.losses, "grad_norm": o.grad_norms} for o in outcomes]
-    return json.dumps({"meta": meta, "variants": [asdict(s) for s in summaries], "runs": runs}, indent=1,
-                      allow_nan=True)
+    return json.dumps({"meta": meta, "variants": [asdict(s) for s in summaries], "family": family(summaries),
+                       "runs": runs}, indent=1, allow_nan=True)
 
 
 def _smooth(values: list[float], width: int) -> list[float]:
