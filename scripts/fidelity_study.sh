@@ -12,7 +12,8 @@
 #        the same knobs: the attention Linears and the routed experts), deepseek_full / qwen3_full
 #        (the full NVFP4 recipe: every operand FP4 in both passes, stochastic gradients, RHT on the wgrad inputs).
 # BOUNDS=1 adds the scale-bound variants (NVFP4 with B=256, 4/6 with B=448); BUDGET caps each slice's seconds;
-# JOBS sets the runs at once per slice.
+# JOBS sets the runs at once per slice; REPORT_ONLY=1 trains nothing: it unpacks the archives and writes each
+# slice's report (compare.md/.json/.png), e.g. on the CPU before `python3 -m scripts.report fidelity OUT_DIR`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/fidelity_study.sh OUT_DIR SLICE...}
@@ -61,6 +62,7 @@ compare_command() {  # CMD = the comparison of slice $1 on the study setup
   [ -n "${BF16_FROM[$1]:-}" ] && CMD+=(--bf16-from "$OUT/${BF16_FROM[$1]}")
 }
 for slice in "$@"; do
+  [ "${REPORT_ONLY:-0}" = 1 ] && break
   compare_command "$slice"
   timeout "${BUDGET:-7200}" "${CMD[@]}" --jobs "$JOBS" > "$OUT/$slice.txt" 2>&1 &
 done
@@ -68,7 +70,7 @@ wait
 for slice in "$@"; do  # the report of what finished, also when BUDGET stopped a slice
   compare_command "$slice"
   "${CMD[@]}" --report-only > /dev/null 2>&1
-  grep "^\[compare\]" "$OUT/$slice.txt" | tail -n 3
+  [ -f "$OUT/$slice.txt" ] && grep "^\[compare\]" "$OUT/$slice.txt" | tail -n 3
   [ -f "$OUT/$slice/compare.md" ] && cat "$OUT/$slice/compare.md"
 done
 for slice in "${!SHARED[@]}"; do  # bf16 runs trained for a slice may live in its source's folder

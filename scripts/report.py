@@ -1,8 +1,10 @@
-"""Reports behind the docs: the quantization-error table of docs/results.md, the RL table and figures of docs/rl.md.
+"""Reports behind the docs: the quantization-error table of docs/results.md, the RL table and figures of docs/rl.md,
+the training-fidelity study's verdicts as one figure (docs/fidelity.md).
 
     python -m scripts.report quant-error --out OUT       # markdown table on stdout; JSON and PNGs in OUT
     python -m scripts.report quant-error --no-capture --out OUT   # synthetic distributions only (seconds)
     python -m scripts.report rl OUT_DIR [--docs docs]    # after `bash scripts/rl_runs.sh OUT_DIR`
+    python -m scripts.report fidelity OUT_DIR [--docs docs]  # after `bash scripts/fidelity_study.sh OUT_DIR ...`
 
 quant-error: relative MSE of standard NVFP4 and every four-over-six knob setting, and the map-to-4 share, on
 synthetic distributions and on GEMM operands (activations, weights, output gradients) captured with hooks from a
@@ -479,6 +481,70 @@ def cmd_rl(args):
     print(report)
 
 
+# --- fidelity: every slice's paired gaps in one forest plot ------------------------------------------------------
+# The slices of scripts/fidelity_study.sh, in the order of docs/fidelity.md's verdict table, and the three paired
+# gaps each compare.json holds (variant, field, label).
+FIDELITY_SLICES = {"qwen3_base": "Qwen3 MoE, RL base point", "deepseek_base": "DeepSeek-V3, RL base point",
+                   "qwen3_all": "Qwen3 MoE, all Linears", "deepseek_all": "DeepSeek-V3, all Linears",
+                   "qwen3_full": "Qwen3 MoE, full recipe", "deepseek_full": "DeepSeek-V3, full recipe"}
+FIDELITY_GAPS = (("4/6", "gap_to_nvfp4", "4/6 - NVFP4"), ("nvfp4", "gap_to_bf16", "NVFP4 - bf16"),
+                 ("4/6", "gap_to_bf16", "4/6 - bf16"))
+
+
+def fidelity_intervals(study: Path) -> list[dict]:
+    """The paired gaps with a 95% interval (2 seeds or more) of every slice folder under `study` that holds a
+    compare.json (`python -m titan_fp4six.compare` writes it), in FIDELITY_SLICES order."""
+    rows = []
+    for name, label in FIDELITY_SLICES.items():
+        path = study / name / "compare.json"
+        if not path.exists():
+            continue
+        summaries = {v["name"]: v for v in json.loads(path.read_text())["variants"]}
+        for variant, key, gap in FIDELITY_GAPS:
+            e = summaries.get(variant, {}).get(key)
+            if e and e.get("low") is not None:
+                rows.append({"slice": label, "gap": gap, "mean": e["mean"], "low": e["low"], "high": e["high"],
+                             "n": e["n"]})
+    return rows
+
+
+def fidelity_plot(rows: list[dict], path: Path) -> None:
+    """One row per slice, the three gaps side by side with their intervals, a line at 0 (no difference)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slices = list(dict.fromkeys(r["slice"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.7 * len(slices)))
+    for k, (_, _, gap) in enumerate(FIDELITY_GAPS):
+        mine = [r for r in rows if r["gap"] == gap]
+        y = [slices.index(r["slice"]) + 0.22 * (k - 1) for r in mine]
+        x = [r["mean"] for r in mine]
+        err = [[r["mean"] - r["low"] for r in mine], [r["high"] - r["mean"] for r in mine]]
+        ax.errorbar(x, y, xerr=err, fmt="o" if k == 0 else ".", capsize=3, label=gap,
+                    linewidth=2 if k == 0 else 1)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(slices)), [f"{s} (n={max(r['n'] for r in rows if r['slice'] == s)})" for s in slices])
+    ax.invert_yaxis()
+    ax.set(xlabel="paired final-loss difference, nats (95% interval over seeds; < 0: lower loss)",
+           title="Training fidelity: 4/6 against NVFP4 and both against bf16")
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_fidelity(args):
+    rows = fidelity_intervals(args.out)
+    if not rows:
+        raise SystemExit(f"no slice under {args.out} has a compare.json with paired intervals "
+                         f"(slices: {', '.join(FIDELITY_SLICES)})")
+    fidelity_plot(rows, args.docs / "fidelity" / "verdicts.png")
+    for r in rows:
+        print(f"{r['slice']:28} {r['gap']:13} {r['mean']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}] (n={r['n']})")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m scripts.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -498,6 +564,10 @@ def main(argv=None) -> None:
     s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/rl_runs.sh")
     s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
     s.set_defaults(run=cmd_rl)
+    s = sub.add_parser("fidelity", help="docs/fidelity/verdicts.png from the slices of scripts/fidelity_study.sh")
+    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/fidelity_study.sh")
+    s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    s.set_defaults(run=cmd_fidelity)
     args = p.parse_args(argv)
     args.run(args)
 
