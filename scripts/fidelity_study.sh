@@ -61,12 +61,13 @@ compare_command() {  # CMD = the comparison of slice $1 on the study setup
        --optimizer.lr "${LR[$1]}" "${WARMUP[@]}" "${VARIANTS[@]}")
   [ -n "${BF16_FROM[$1]:-}" ] && CMD+=(--bf16-from "$OUT/${BF16_FROM[$1]}")
 }
-for slice in "$@"; do
-  [ "${REPORT_ONLY:-0}" = 1 ] && break
-  compare_command "$slice"
-  timeout "${BUDGET:-7200}" "${CMD[@]}" --jobs "$JOBS" > "$OUT/$slice.txt" 2>&1 &
-done
-wait
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
+  for slice in "$@"; do
+    compare_command "$slice"
+    timeout "${BUDGET:-7200}" "${CMD[@]}" --jobs "$JOBS" > "$OUT/$slice.txt" 2>&1 &
+  done
+  wait
+fi
 for slice in "$@"; do  # the report of what finished, also when BUDGET stopped a slice
   compare_command "$slice"
   "${CMD[@]}" --report-only > /dev/null 2>&1
