@@ -244,17 +244,17 @@ def operand_kernels(m, k, rep_ms, rounds):
 
 
 # Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps[, register cap])
-# the columnwise sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH. A thread reads 8 consecutive
-# columns (16 bytes of bf16) per access; a program's codes per column are 8 bytes per block down it.
-COLUMN_LAUNCHES = ((8, 4, 8, 1), (8, 8, 8, 2), (8, 4, 8, 2), (16, 4, 8, 2), (8, 8, 8, 1), (16, 2, 8, 1),
-                   (32, 1, 8, 1), (8, 4, 8, 1, 80))
+# the columnwise sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH of each kernel. A thread reads 8
+# consecutive columns (16 bytes of bf16) per access; a program's codes per column are 8 bytes per block down it.
+COLUMN_LAUNCHES = ((8, 4, 8, 1), (8, 8, 8, 2), (8, 4, 8, 2), (16, 4, 8, 2), (16, 4, 8, 1), (8, 8, 8, 1),
+                   (16, 2, 8, 1), (32, 1, 8, 1), (8, 4, 8, 1, 80))
 
 
 def column_launches(m, k, rep_ms, rounds):
     """The columnwise kernels (NVFP4, 4/6 with and without the decode, stochastic NVFP4; x^T read in place) under
-    each launch shape of COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launch's. The shape the
-    kernel should ship. The last row is the shipped launch reading one element per access: x's rows at a stride
-    of k + 1 elements (the same values), which the vector loads cannot take."""
+    each launch shape of COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launches'. The shape
+    each kernel should ship. The last row is each kernel's shipped launch reading one element per access: x's rows
+    at a stride of k + 1 elements (the same values), which the vector loads cannot take."""
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(m, k)
@@ -270,7 +270,7 @@ def column_launches(m, k, rep_ms, rounds):
 
     def with_launch(launch, spec, decode, seed, source=x):
         def run():
-            shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, kq.Launch(*launch)
+            shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, dict.fromkeys(kq.COLUMN_LAUNCH, kq.Launch(*launch))
             try:
                 return kq.quantize_columnwise(source, amax, spec, decode, seed=seed)
             finally:
@@ -279,13 +279,16 @@ def column_launches(m, k, rep_ms, rounds):
 
     fns = {(name, launch): with_launch(launch, spec, decode, seed)
            for name, (spec, decode, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
-    fns.update({(name, element_loads): with_launch(kq.COLUMN_LAUNCH, spec, decode, seed, unaligned)
+    fns.update({(name, element_loads): with_launch(kq.COLUMN_LAUNCH[kq.spec_flags(spec).launch, decode], spec,
+                                                   decode, seed, unaligned)
                 for name, (spec, decode, seed, _) in kernels.items()})
     fns.update({("copy", name): _copy(nbytes) for name, (_, _, _, nbytes) in kernels.items()})
     t = _least_of_rounds(fns, rep_ms, rounds)
     want = {name: kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
             for name, (spec, decode, seed, _) in kernels.items()}
-    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launch {tuple(kq.COLUMN_LAUNCH)}\n")
+    shipped = "; ".join(f"{name} {tuple(kq.COLUMN_LAUNCH[kq.spec_flags(spec).launch, decode])}"
+                        for name, (spec, decode, _, _) in kernels.items())
+    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launches: {shipped}\n")
     print("| rows, blocks, chunks, warps[, register cap] | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
           + " | bitwise |")
     print("|---|" + "---|" * len(kernels) + "---|")

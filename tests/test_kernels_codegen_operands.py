@@ -30,16 +30,17 @@ def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
     return compiled.asm["ptx"]
 
 
-def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False, vec: bool = True) -> str:
+def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False, vec: bool = True,
+                   seed: str = "i64") -> str:
     """PTX of the quantizer as the launcher compiles it for a 16-byte aligned x (vec: the vector loads it then
-    takes, kernels.quantize._vector_loads)."""
+    takes, kernels.quantize._vector_loads; seed: "i32" as Triton types a seed below 2^31, "i64" above)."""
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
-    launch = COLUMN_LAUNCH if transposed else LAUNCH["1x16" if four_six else "nvfp4", True]
+    launch = (COLUMN_LAUNCH if transposed else LAUNCH)["1x16" if four_six else "nvfp4", True]
     signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "group_ptr": "*fp32",
                  "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32",
                  "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
-                 "M": "i32", "seed": "i64"}
+                 "M": "i32", "seed": seed}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=vec, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
                       NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False, GROUPS=False,
@@ -73,14 +74,24 @@ def test_nvfp4_with_decode(kind, transposed):
     _check_rounding(ptx)
 
 
-@pytest.mark.parametrize("kind, transposed", ((1, False), (0, False), (2, True)))
-def test_nvfp4_stochastic_with_decode(kind, transposed):
-    """Stochastic rounding adds no FMA and no FP64 to the NVFP4 kernel, and its ceiling (one cvt.rpi.s32.f32 per
-    element) keeps subnormals: no .ftz instruction (tl.math.ceil's cvt.rpi.ftz would flush a subnormal t to 0)."""
-    ptx = _quantizer_ptx(kind, False, transposed, stochastic=True)
+@pytest.mark.parametrize("kind, transposed, seed", ((1, False, "i64"), (0, False, "i32"), (2, True, "i64"),
+                                                   (1, True, "i32")))
+def test_nvfp4_stochastic_with_decode(kind, transposed, seed):
+    """Stochastic rounding adds no FMA.rn and no FP64 to the NVFP4 kernel and keeps subnormals (no .ftz
+    instruction: tl.math.ceil's cvt.rpi.ftz would flush a subnormal t to 0). Its integer work sits on the FMA
+    pipe (kernels/encode.py, kernels/philox.py): per block three fma.rp ceilings per element, two Philox
+    evaluations of 10 mul.wide by A and 9 by B (the first round's c2 is 0; the two counters differ in their low
+    word only, so round 2's A products are one), one mul.hi per element (the rule's
+    shift) and per random word (its upper half), one mad.lo per packed code but the first of each word and per
+    random word (its lower half)."""
+    ptx = _quantizer_ptx(kind, False, transposed, stochastic=True, seed=seed)
     assert _fmas(ptx) == 0
-    assert len(re.findall(r"\bcvt\.rpi\.s32\.f32\b", ptx)) == 16
-    assert ".ftz" not in ptx
+    assert len(re.findall(r"\bfma\.rp\.f32\b", ptx)) == 3 * 16
+    assert len(re.findall(r"\bmul\.wide\.u32\b[^;]*0xd2511f53", ptx)) == 2 * 10 - 1  # round 2's shared
+    assert len(re.findall(r"\bmul\.wide\.u32\b[^;]*0xcd9e8d57", ptx)) == 2 * 9
+    assert len(re.findall(r"\bmul\.hi\.u32\b", ptx)) == 16 + 8
+    assert len(re.findall(r"\bmad\.lo\.u32\b", ptx)) == 2 * 7 + 8
+    assert ".ftz" not in ptx and not re.search(r"\bcvt\.rpi\b", ptx)
     _check_rounding(ptx)
 
 
@@ -164,7 +175,7 @@ def test_columnwise_vector_loads_only_where_aligned():
     torch = pytest.importorskip("torch")
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, Launch, _vector_loads
 
-    def vec(x, launch=COLUMN_LAUNCH):
+    def vec(x, launch=COLUMN_LAUNCH["1x16", False]):
         return _vector_loads(x, True, 0, launch)
 
     assert vec(torch.zeros(40, 64, dtype=torch.bfloat16))
@@ -173,3 +184,4 @@ def test_columnwise_vector_loads_only_where_aligned():
     assert not vec(torch.zeros(40, 65, dtype=torch.bfloat16)[:, :64])  # row stride 65
     assert not vec(torch.zeros(40 * 64 + 1, dtype=torch.bfloat16)[1:].view(40, 64))  # 2 bytes off alignment
     assert not vec(torch.zeros(40, 64, dtype=torch.bfloat16), Launch(4, 8, 8, 1))  # 4 columns per program
+    assert all(vec(torch.zeros(40, 64, dtype=torch.bfloat16), launch) for launch in COLUMN_LAUNCH.values())

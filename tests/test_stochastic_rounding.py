@@ -4,6 +4,7 @@ unbiasedness, kernel == reference bitwise (Triton's interpreter on the CPU; the 
 nearest mode unchanged, the dense op's reproducibility and the recipe / config checks."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -111,6 +112,35 @@ def test_rule_goes_up_exactly_when_bits_are_below_the_threshold():
     nan = e2m1_encode_stochastic(torch.tensor([float("nan"), -float("nan")]), torch.tensor([0, 2 ** 16 - 1]))
     assert nan.tolist() == [3, 3]
     assert e2m1_encode_stochastic(torch.tensor([-0.0]), torch.tensor([0])).item() == 0x8
+
+
+def test_gpu_rule_arithmetic_emulated():
+    """The GPU branch of kernels.encode.stochastic_e2m1 emulated in integers from the kernel's own constants (its
+    instructions run on a GPU only): each CEIL_* fma.rp(a, SCALE, ADDEND) with ADDEND in [2^23, 2^24) gives the
+    bits of ADDEND + ceil(a SCALE) (saturating at 2^24, as the monotone rounding does); their min with
+    F32_2_23 + CAP and the shifted difference give the reference's codes at the rule's thresholds
+    (tests/helpers/stochastic_kernels.cases) and for magnitudes past 6, which the branch clamps by the cap."""
+    import struct
+
+    from tests.helpers.stochastic_kernels import cases
+    from titan_fp4six.kernels import encode
+
+    a, r = cases(torch.Generator().manual_seed(12))
+    a = torch.cat([a, torch.tensor([6.0, 6.0 + 2 ** -21, 6.5, 7.0, 100.0, 3e38, 1e-40, 1e-45, 0.0])])
+    r = torch.cat([r, torch.tensor([0, 0, 1, 65535, 0, 5, 0, 0, 0], dtype=r.dtype)]).long()
+    bias, cap = int(encode.F32_2_23), int(encode.CAP)
+    assert bias == struct.unpack(">i", struct.pack(">f", 2.0 ** 23))[0]
+
+    def biased_ceil(asm):
+        scale, addend = (struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", asm))
+        assert 2 ** 23 <= addend < 2 ** 24 and math.log2(scale).is_integer()
+        v = torch.ceil(a.double() * scale) + addend
+        return torch.where(v < 2 ** 24, v.float().view(torch.int32).long(), torch.tensor(0x4B800000))
+
+    c = torch.minimum(torch.minimum(biased_ceil(encode.CEIL_N.value), biased_ceil(encode.CEIL_HALF.value)),
+                      torch.minimum(biased_ceil(encode.CEIL_QUARTER.value), torch.tensor(bias + cap)))
+    got = (c + 65535 - bias - r) >> 16
+    assert torch.equal(got, e2m1_encode_stochastic(a.clamp(max=6.0), r).long() & 7)
 
 
 def test_codes_are_always_a_neighbour_of_q():
@@ -358,15 +388,16 @@ def test_gpu_rule_matches_reference_at_its_thresholds():
 
 @cuda
 @pytest.mark.gpu
-def test_gpu_philox_matches_reference():
-    """tl.randint4x compiled for the GPU == numerics.philox.philox4x32 (computed on the CPU), all four words, for
-    seeds and counters up to 2^63 - 1."""
+@pytest.mark.parametrize("ptx", (False, True), ids=("randint4x", "mul_wide"))
+def test_gpu_philox_matches_reference(ptx):
+    """The kernels' Philox compiled for the GPU (tl.randint4x, and the mul.wide rounds the quantizer runs) ==
+    numerics.philox.philox4x32 (computed on the CPU), all four words, for seeds and counters up to 2^63 - 1."""
     from tests.helpers.stochastic_kernels import philox_matches
 
     counters = torch.cat([torch.arange(4096), torch.arange(2 ** 32 - 2048, 2 ** 32 + 2048),
                           torch.arange(2 ** 62, 2 ** 62 + 4096), 2 ** 63 - 1 - torch.arange(4096)])
     for seed in (0, 1, 2 ** 31 + 5, 2 ** 62 + 3, 2 ** 63 - 1):
-        assert philox_matches(seed, counters, "cuda")
+        assert philox_matches(seed, counters, "cuda", ptx)
 
 
 @cuda

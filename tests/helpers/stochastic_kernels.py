@@ -1,6 +1,6 @@
 """The stochastic rounding's device pieces against the reference, shared by the interpreter run
-(interp_stochastic.py) and the GPU tests: Triton's tl.randint4x against numerics.philox.philox4x32 (all four
-words), and the kernels' E2M1 rule (kernels/encode.stochastic_e2m1) against
+(interp_stochastic.py) and the GPU tests: the kernels' Philox (tl.randint4x, or on a GPU its mul.wide rounds)
+against numerics.philox.philox4x32 (all four words), and the kernels' E2M1 rule (kernels/encode.stochastic_e2m1) against
 numerics.formats.e2m1_encode_stochastic at its thresholds: in every code interval, magnitudes whose t is an exact
 integer k or k + 1/2 (up to 2^16 - 1/2) meet the 16-bit values k - 1, k, k + 1, plus the grid points, 6, and
 random magnitudes with random bits. A wrong factor, offset or comparison flips decisions here that random bits
@@ -11,25 +11,27 @@ import triton
 import triton.language as tl
 
 from titan_fp4six.kernels.encode import stochastic_e2m1
+from titan_fp4six.kernels.philox import randint4x
 from titan_fp4six.numerics.formats import e2m1_encode_stochastic
 from titan_fp4six.numerics.philox import philox4x32
 
 INTERVALS = ((0.0, 0.5), (0.5, 1.0), (1.0, 1.5), (1.5, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 6.0))
 
 
-@triton.jit
-def _randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr):
+@triton.jit(do_not_specialize=["seed"])  # a seed of 1 stays an argument, as in the quantizer
+def _randint4x_kernel(out_ptr, counters_ptr, seed, N: tl.constexpr, PTX: tl.constexpr):
     i = tl.arange(0, N)
-    words = tl.randint4x(seed, tl.load(counters_ptr + i))
+    words = randint4x(seed, tl.load(counters_ptr + i), PTX)
     for w in tl.static_range(4):
         tl.store(out_ptr + 4 * i + w, words[w].to(tl.int64) & 0xFFFFFFFF)
 
 
-def philox_matches(seed: int, counters: torch.Tensor, device) -> bool:
-    """tl.randint4x(seed, counters) run on `device` == philox4x32(seed, counters) on the CPU, all four words
-    (counters: int64, a power-of-two count)."""
+def philox_matches(seed: int, counters: torch.Tensor, device, ptx: bool = False) -> bool:
+    """kernels.philox.randint4x(seed, counters) run on `device` (ptx: the GPU's mul.wide rounds, else
+    tl.randint4x) == philox4x32(seed, counters) on the CPU, all four words (counters: int64, a power-of-two
+    count)."""
     got = torch.zeros(counters.numel(), 4, dtype=torch.int64, device=device)
-    _randint4x_kernel[(1, )](got, counters.to(device), seed, counters.numel())
+    _randint4x_kernel[(1, )](got, counters.to(device), seed, counters.numel(), PTX=ptx)
     return torch.equal(got.cpu(), philox4x32(seed, counters.cpu()))
 
 

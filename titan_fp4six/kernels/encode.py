@@ -3,11 +3,17 @@ inverses (spec steps 2-3), E2M1 codes by one-add rounding (bits.e2m1_magic) pack
 input's sign bits set by bit operations (rounded to nearest, or stochastically from Philox bits), and the
 block-scaled decode of packed codes."""
 
+import struct
+
 import triton
 import triton.language as tl
 
 from .bits import FLT_MAX, NAN_CODE, clamp_max, div6, e2m1_magic, e2m1_value, e4m3_round
 from .operand_words import sign_bit
+from .philox import randint4x
+
+F32_2_23 = tl.constexpr(0x4B000000)  # the FP32 bits of 2^23
+CAP = tl.constexpr(7 * 65536)  # stochastic_e2m1's c at a = 6
 
 
 @triton.jit
@@ -175,24 +181,80 @@ def decode_words(lo, hi, sf):
 
 
 @triton.jit
-def ceil_to_int(v, PTX: tl.constexpr):
-    """ceil(v) as int32 for v in [0, 2^31) (NaN: any), subnormal v included: Triton lowers tl.math.ceil to
-    cvt.rpi.ftz, which flushes a subnormal v to 0, so on the GPU one cvt.rpi.s32.f32 (no .ftz) instead."""
+def shift_right(v, BITS: tl.constexpr, PTX: tl.constexpr):
+    """v >> BITS for v in [0, 2^31) (on a GPU any 32-bit v, read as a uint32: random_halves' words). On a GPU one
+    mul.hi.u32 by 2^(32 - BITS): the FMA pipe's, where the shift would take the integer ALU pipe the stochastic
+    quantizer is bound by (docs/kernels.md)."""
     if PTX:
-        return tl.inline_asm_elementwise("cvt.rpi.s32.f32 $0, $1;", "=r,f", [v], dtype=tl.int32, is_pure=True,
-                                         pack=1)
-    return tl.math.ceil(v).to(tl.int32)
+        return tl.inline_asm_elementwise("mul.hi.u32 $0, $1, $2;", "=r,r,r",
+                                         [v, tl.full(v.shape, 1 << (32 - BITS), tl.int32)], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    return v >> BITS
+
+
+@triton.jit
+def multiply_add(v, FACTOR: tl.constexpr, word):
+    """word + v * FACTOR mod 2^32 (FACTOR an int32: its bits as a uint32): one mad.lo.u32, on the FMA pipe (GPU
+    only; ptxas takes the constant as the instruction's immediate)."""
+    return tl.inline_asm_elementwise("mad.lo.u32 $0, $1, $2, $3;", "=r,r,r,r",
+                                     [v, tl.full(v.shape, FACTOR, tl.int32), word], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def add_shifted(word, v, BITS: tl.constexpr, PTX: tl.constexpr):
+    """word | (v << BITS) for v's bits clear of word's (BITS < 31): on a GPU word + v 2^BITS by multiply_add."""
+    if PTX:
+        return multiply_add(v, 1 << BITS, word)
+    return word | (v << BITS)
+
+
+@triton.jit
+def random_halves(word, PTX: tl.constexpr):
+    """(low, high) 16-bit halves of a random int32 word, each an int32 in [0, 2^16); on a GPU by the FMA pipe:
+    high = shift_right(word, 16), low = word - high 2^16 (multiply_add by -2^16)."""
+    if PTX:
+        high = shift_right(word, 16, PTX)
+        return multiply_add(high, -65536, word), high
+    return word & 0xFFFF, (word >> 16) & 0xFFFF
+
+
+def _biased_ceil_asm(scale: float, offset: float) -> str:
+    """fma.rp.f32 of $1, scale and 2^23 + offset, the constants as PTX's exact 0f hex literals."""
+    f32 = lambda v: "0f" + struct.pack(">f", v).hex().upper()
+    return f"fma.rp.f32 $0, $1, {f32(scale)}, {f32(2.0 ** 23 + offset)};"
+
+
+CEIL_N = tl.constexpr(_biased_ceil_asm(2.0 ** 17, 0.0))  # n = ceil(a 2^17)
+CEIL_HALF = tl.constexpr(_biased_ceil_asm(2.0 ** 16, 2.0 ** 17))  # ceil(n / 2) + 2^17
+CEIL_QUARTER = tl.constexpr(_biased_ceil_asm(2.0 ** 15, 2.0 ** 18))  # ceil(n / 4) + 2^18
+
+
+@triton.jit
+def biased_ceil(a, ASM: tl.constexpr):
+    """As an int32, the FP32 bits of one of the CEIL_* fma.rp(a, 2^k, 2^23 + OFFSET) (no .ftz: a subnormal product
+    rounds up to 1 like any positive one): F32_2_23 + OFFSET + ceil(a 2^k) while a 2^k + OFFSET < 2^23 (the exact
+    sum lies in [2^23, 2^24), where FP32's spacing is 1, so rounding it up is the ceiling); monotone in a beyond
+    that, and NaN's bits for NaN."""
+    return tl.inline_asm_elementwise(ASM, "=r,f", [a], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
 def stochastic_e2m1(a, r, PTX: tl.constexpr):
-    """The code magnitude of a = min(|q|, 6) rounded stochastically by 16 random bits r (int32 in [0, 2^16)):
-    from the lower neighbour lo up exactly when r < ceil(t), t = (a - lo) 2^16 / (hi - lo) (docs/numerics.md
-    section 12; a NaN a gives any code). In integers, with no select: on [0, 2), [2, 4), [4, 6] the grid step is
-    1/2, 1, 2 and lo's code L is floor(a / step) + 0, 2, 4. With n = ceil(a 2^17) (an exact scaling),
-    c = min(n, ceil(n / 2) + 2^17, ceil(n / 4) + 2^18) is ceil(t) + L 2^16 on a's interval (the lines of a concave
-    map, each the least on its own interval, equal where two meet), so (c + 2^16 - 1 - r) >> 16 = L + [r < ceil(t)]."""
-    n = ceil_to_int(a * 131072.0, PTX)
+    """The code magnitude of min(a, 6) for a = |q| rounded stochastically by 16 random bits r (int32 in
+    [0, 2^16)): from the lower neighbour lo up exactly when r < ceil(t), t = (a - lo) 2^16 / (hi - lo)
+    (docs/numerics.md section 12; a NaN a gives some code in [0, 7]). In integers, with no select: on [0, 2),
+    [2, 4), [4, 6] the grid step is 1/2, 1, 2 and lo's code L is floor(a / step) + 0, 2, 4. With n = ceil(a 2^17)
+    (an exact scaling), c = min(n, ceil(n / 2) + 2^17, ceil(n / 4) + 2^18) is ceil(t) + L 2^16 on a's interval
+    (the lines of a concave map, each the least on its own interval, equal where two meet), so
+    (c + 2^16 - 1 - r) >> 16 = L + [r < ceil(t)]; at a = 6, c = 7 2^16 = CAP. On a GPU the three terms are
+    biased_ceil's (ceil(n / m) = ceil(a 2^17 / m)), all biased by F32_2_23, and the clamp to 6 is min(c, CAP),
+    which also keeps NaN's code in [0, 7]; the shift is shift_right's: the ALU pipe does two mins and one add."""
+    if PTX:
+        c = tl.minimum(tl.minimum(biased_ceil(a, CEIL_N), biased_ceil(a, CEIL_HALF)),
+                       tl.minimum(biased_ceil(a, CEIL_QUARTER), F32_2_23 + CAP))
+        return shift_right(c + (65535 - F32_2_23) - r, 16, PTX)
+    n = tl.math.ceil(clamp_max(a, 6.0) * 131072.0).to(tl.int32)
     c = tl.minimum(n, tl.minimum((n + 262145) >> 1, (n + 1048579) >> 2))
     return (c + 65535 - r) >> 16
 
@@ -203,15 +265,16 @@ def stochastic_codes(xs, ws, inv, seed, first, any_nan, KIND: tl.constexpr, PTX:
     min(xs[i] * inv, 6) (|q| of spec step 4), the sign of x (that of q: inv > 0) set on the packed words, and
     NaN gets NAN_CODE, looked for only when any_nan (a scalar: some block of the chunk may have a NaN |q|). first
     (int64) is the block's first element index, a multiple of 16: the random bits of element i = 8j + 2w + h are
-    half h (0: the low 16 bits) of word w of tl.randint4x(seed, first // 8 + j), two Philox evaluations per
-    block."""
+    half h (0: the low 16 bits) of word w of randint4x(seed, first // 8 + j), two Philox evaluations per block."""
     words = ()
     for j in tl.static_range(2):
-        bits = tl.randint4x(seed, first // 8 + j)
-        word = tl.zeros(inv.shape, tl.int32)
-        for k in tl.static_range(8):
-            r = ((bits[k // 2] >> (16 * (k % 2))) & 0xFFFF).to(tl.int32)
-            word = word | (stochastic_e2m1(clamp_max(xs[8 * j + k] * inv, 6.0), r, PTX) << (4 * k))
+        bits = randint4x(seed, first // 8 + j, PTX)
+        halves = random_halves(bits[0], PTX)
+        word = stochastic_e2m1(xs[8 * j] * inv, halves[0], PTX)
+        for k in tl.static_range(1, 8):
+            if k % 2 == 0:
+                halves = random_halves(bits[k // 2], PTX)
+            word = add_shifted(word, stochastic_e2m1(xs[8 * j + k] * inv, halves[k % 2], PTX), 4 * k, PTX)
         words = words + (word, )
     lo, hi = with_signs(words[0], words[1], ws, KIND, PTX)
     if any_nan:

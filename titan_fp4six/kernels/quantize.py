@@ -56,12 +56,20 @@ LAUNCH = {
     ("nvfp4", False): Launch(1, 32, 8, 1),
     ("nvfp4", True): Launch(1, 32, 8, 1),
 }
-# Columnwise (x^T of a row-major x, 1x16 blocks along x's rows): a warp covers 8 consecutive columns k of x and 4
-# consecutive blocks down each (64 rows of x), one block (16 rows of one column) per thread, loaded as one tile
-# whose rows are 16-byte runs of 8 columns. Its 32 bytes of codes per column are whole sectors of x^T's codes,
-# which wider shapes (more columns, fewer blocks) write in 8- or 16-byte pieces: the fastest shape tried on an
-# H200, ~2x the 32-columns-by-one-block shape (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
-COLUMN_LAUNCH = Launch(8, 4, 8, 1)
+# Columnwise (x^T of a row-major x, 1x16 blocks along x's rows), per (kernel, decode) as LAUNCH: a warp covers
+# 8 consecutive columns k of x and 4 consecutive blocks down each (64 rows of x), one block (16 rows of one column)
+# per thread, loaded as one tile whose rows are 16-byte runs of 8 columns. Its 32 bytes of codes per column are
+# whole sectors of x^T's codes, which wider shapes with fewer blocks write in 8- or 16-byte pieces: ~2x the
+# 32-columns-by-one-block shape. NVFP4 without the decode takes two such warps side by side (16 columns: whole
+# 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice); the 4/6 and
+# decoding kernels, which need more registers per block, are fastest with one. The fastest shapes tried on an H200
+# (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
+COLUMN_LAUNCH = {
+    ("1x16", False): Launch(8, 4, 8, 1),
+    ("1x16", True): Launch(8, 4, 8, 1),
+    ("nvfp4", False): Launch(16, 4, 8, 2),
+    ("nvfp4", True): Launch(8, 4, 8, 1),
+}
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # The amax check's device asserts are compiled in only with debug on; sanitize_overflow off keeps the integer
@@ -348,7 +356,7 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
     if transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
-        launch = COLUMN_LAUNCH
+        launch = COLUMN_LAUNCH[flags.launch, decode]
     else:
         rows, cols = x.shape
         row_words = x.stride(0) * x.element_size() // 4

@@ -19,12 +19,12 @@ import math
 
 import torch
 
+from .formats import PHILOX_KEYS, PHILOX_MULTIPLIERS, PHILOX_ROUNDS
+
 MASK32 = 0xFFFFFFFF
-KEY_A = 0x9E3779B9
-KEY_B = 0xBB67AE85
-ROUND_A = 0xD2511F53
-ROUND_B = 0xCD9E8D57
-ROUNDS = 10
+KEY_A, KEY_B = PHILOX_KEYS
+ROUND_A, ROUND_B = PHILOX_MULTIPLIERS
+ROUNDS = PHILOX_ROUNDS
 SEED_LIMIT = 2 ** 63
 """Seeds are integers in [0, 2^63): a Triton kernel takes them as one int64 argument."""
 PER_COUNTER = 8
