@@ -28,8 +28,8 @@ def _mul_wide(c, ASM: tl.constexpr):
 
 @triton.jit
 def randint4x(seed, counter, PTX: tl.constexpr):
-    """The four int32 words (bit patterns of the uint32s) of tl.randint4x(seed, counter) for an int64 scalar
-    seed in [0, 2^63) (an int32 one where the launcher typed a seed below 2^31 so) and an int64 tensor counter in
+    """The four int32 words (bit patterns of the uint32s) of tl.randint4x(seed, counter) for a scalar seed in
+    [0, 2^63) (int64, or int32 where Triton types an argument below 2^31 so) and an int64 tensor counter in
     [0, 2^63)."""
     if not PTX:
         c0, c1, c2, c3 = tl.randint4x(seed, counter)
