@@ -268,27 +268,28 @@ def column_launches(m, k, rep_ms, rounds):
                "NVFP4 stochastic": (NVFP4_STOCHASTIC, False, STOCHASTIC_SEED, _bytes_nvfp4(np_))}
     element_loads = "shipped, element loads"
 
+    def shipped(spec, decode):
+        return kq.COLUMN_LAUNCH[kq.spec_flags(spec).launch, decode]
+
     def with_launch(launch, spec, decode, seed, source=x):
         def run():
-            shipped, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, dict.fromkeys(kq.COLUMN_LAUNCH, kq.Launch(*launch))
+            kept, kq.COLUMN_LAUNCH = kq.COLUMN_LAUNCH, dict.fromkeys(kq.COLUMN_LAUNCH, kq.Launch(*launch))
             try:
                 return kq.quantize_columnwise(source, amax, spec, decode, seed=seed)
             finally:
-                kq.COLUMN_LAUNCH = shipped
+                kq.COLUMN_LAUNCH = kept
         return run
 
     fns = {(name, launch): with_launch(launch, spec, decode, seed)
            for name, (spec, decode, seed, _) in kernels.items() for launch in COLUMN_LAUNCHES}
-    fns.update({(name, element_loads): with_launch(kq.COLUMN_LAUNCH[kq.spec_flags(spec).launch, decode], spec,
-                                                   decode, seed, unaligned)
+    fns.update({(name, element_loads): with_launch(shipped(spec, decode), spec, decode, seed, unaligned)
                 for name, (spec, decode, seed, _) in kernels.items()})
     fns.update({("copy", name): _copy(nbytes) for name, (_, _, _, nbytes) in kernels.items()})
     t = _least_of_rounds(fns, rep_ms, rounds)
     want = {name: kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
             for name, (spec, decode, seed, _) in kernels.items()}
-    shipped = "; ".join(f"{name} {tuple(kq.COLUMN_LAUNCH[kq.spec_flags(spec).launch, decode])}"
-                        for name, (spec, decode, _, _) in kernels.items())
-    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launches: {shipped}\n")
+    launches = "; ".join(f"{name} {tuple(shipped(spec, decode))}" for name, (spec, decode, _, _) in kernels.items())
+    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launches: {launches}\n")
     print("| rows, blocks, chunks, warps[, register cap] | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
           + " | bitwise |")
     print("|---|" + "---|" * len(kernels) + "---|")
