@@ -247,7 +247,7 @@ def operand_kernels(m, k, rep_ms, rounds):
 # the columnwise sweep tries against the shipped kernels.quantize.COLUMN_LAUNCH of each kernel. A thread reads 8
 # consecutive columns (16 bytes of bf16) per access; a program's codes per column are 8 bytes per block down it.
 COLUMN_LAUNCHES = ((8, 4, 8, 1), (8, 8, 8, 2), (8, 4, 8, 2), (16, 4, 8, 2), (16, 4, 8, 1), (8, 8, 8, 1),
-                   (16, 2, 8, 1), (32, 1, 8, 1), (8, 4, 8, 1, 80))
+                   (16, 2, 8, 1), (32, 1, 8, 1), (8, 4, 8, 1, 80), (16, 4, 8, 2, 80), (16, 4, 8, 2, 96))
 
 
 def column_launches(m, k, rep_ms, rounds):

@@ -260,12 +260,13 @@ def stochastic_e2m1(a, r, PTX: tl.constexpr):
 
 
 @triton.jit
-def stochastic_codes(xs, ws, inv, seed, first, any_nan, KIND: tl.constexpr, PTX: tl.constexpr):
+def stochastic_codes(xs, ws, inv, seed, first, NAN: tl.constexpr, KIND: tl.constexpr, PTX: tl.constexpr):
     """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
     min(xs[i] * inv, 6) (|q| of spec step 4), the sign of x (that of q: inv > 0) set on the packed words, and
-    NaN gets NAN_CODE, looked for only when any_nan (a scalar: some block of the chunk may have a NaN |q|). first
-    (int64) is the block's first element index, a multiple of 16: the random bits of element i = 8j + 2w + h are
-    half h (0: the low 16 bits) of word w of randint4x(seed, first // 8 + j), two Philox evaluations per block."""
+    with NAN a NaN |q| gets NAN_CODE (without, some code in [0, 7] with x's sign: the quantizer rewrites such
+    chunks with NAN after its chunk loop, which only notes them). first (int64) is the block's first element
+    index, a multiple of 16: the random bits of element i = 8j + 2w + h are half h (0: the low 16 bits) of word
+    w of randint4x(seed, first // 8 + j), two Philox evaluations per block."""
     words = ()
     for j in tl.static_range(2):
         bits = randint4x(seed, first // 8 + j, PTX)
@@ -277,7 +278,7 @@ def stochastic_codes(xs, ws, inv, seed, first, any_nan, KIND: tl.constexpr, PTX:
             word = add_shifted(word, stochastic_e2m1(xs[8 * j + k] * inv, halves[k % 2], PTX), 4 * k, PTX)
         words = words + (word, )
     lo, hi = with_signs(words[0], words[1], ws, KIND, PTX)
-    if any_nan:
+    if NAN:
         for i in tl.static_range(16):
             a = xs[i] * inv
             nibble = tl.full(inv.shape, 15, tl.int32) << (4 * (i % 8))

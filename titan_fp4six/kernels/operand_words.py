@@ -79,14 +79,17 @@ def word_to_f32(w, KIND: tl.constexpr, HIGH: tl.constexpr):
 
 
 @triton.jit
-def block_magnitudes(ws, KIND: tl.constexpr):
+def block_magnitudes(ws, KIND: tl.constexpr, PERMUTE: tl.constexpr = False):
     """|x| of the 16 elements of each block as a tuple of FP32 (BR, NB) tensors, from its words (16-bit inputs:
     element 2j in the low half of word j). The fast path works on magnitudes (|x * inv| = |x| * inv, one abs
-    per element for both candidates) and takes the signs from the words (with_signs)."""
+    per element for both candidates) and takes the signs from the words (with_signs). PERMUTE (GPU only): a bf16
+    half is one byte permute (bf16_half) and its abs an operand modifier of the instructions that read it."""
     xs = ()
     for j in tl.static_range(len(ws)):
         if KIND == 0:
             xs = xs + (tl.abs(word_to_f32(ws[j], KIND, False)), )
+        elif KIND == 1 and PERMUTE:
+            xs = xs + (magnitude(bf16_half(ws[j], False)), magnitude(bf16_half(ws[j], True)))
         else:
             xs = xs + (tl.abs(word_to_f32(ws[j], KIND, False)), tl.abs(word_to_f32(ws[j], KIND, True)))
     return xs
@@ -128,10 +131,27 @@ def load_column_tile(ptr, where, mask, KIND: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def column_words(tile, KIND: tl.constexpr):
-    """The words load_words gives for the blocks of a load_column_tile tile: one (BR, NB) tensor per element
-    (split off the tile's last axis, element 8a + 4b + 2c + d split as a, b, c, d), two 16-bit elements per word
-    (element 2j in the low half) for 16-bit input. The splits gather each block's 16 elements into one thread."""
+def bf16_half(w, HIGH: tl.constexpr):
+    """word_to_f32 of a bf16 word's low / HIGH half on a GPU: one byte permute (that half into the high half, zeros
+    below). Hidden from the compiler, which given a word packed from 16-bit halves spends two or three
+    instructions on the shift and mask."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, " + ("0x3244;" if HIGH else "0x1044;"), "=r,r", [w],
+                                     dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def magnitude(f):
+    """|f| on a GPU as an abs.f32, which the compiler folds into the instructions that read f (an operand
+    modifier), where tl.abs of bits just built from integers becomes one more integer mask per element."""
+    return tl.inline_asm_elementwise("abs.f32 $0, $1;", "=f,f", [f], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def column_words(tile, KIND: tl.constexpr, PERMUTE: tl.constexpr):
+    """(words, magnitudes) of the blocks of a load_column_tile tile: the words load_words gives (one (BR, NB)
+    tensor per word: per element for fp32, two 16-bit elements per word with element 2j in the low half) and
+    block_magnitudes of them (PERMUTE as there). The tile's last axis is split off element by element (8a + 4b +
+    2c + d split as a, b, c, d), which gathers each block's 16 elements into one thread."""
     es = (tl.permute(tl.reshape(tile, [tile.shape[0], tile.shape[1], 2, 2, 2, 2]), [0, 1, 5, 4, 3, 2]), )
     for level in tl.static_range(4):
         halves = ()
@@ -147,7 +167,7 @@ def column_words(tile, KIND: tl.constexpr):
         for j in tl.static_range(8):
             packed = packed + ((ws[2 * j] & 0xFFFF) | (ws[2 * j + 1] << 16), )
         ws = packed
-    return ws
+    return ws, block_magnitudes(ws, KIND, PERMUTE)
 
 
 @triton.jit

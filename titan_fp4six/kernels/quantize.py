@@ -41,8 +41,9 @@ class Launch(NamedTuple):
     max_registers: int | None = None
 
 
-# Launch per (kernel, decode). 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input,
-# whole sectors of codes and scales), one block per thread. 16x16: a program covers 4 blocks of 16 rows (whole
+# Launch per (kernel, decode), the kernel a 4/6 block shape, "nvfp4" or "stochastic" (NVFP4 with stochastic codes).
+# 1x16 and NVFP4: a warp covers 32 consecutive blocks of a row (1 KB of bf16 input, whole sectors of codes and
+# scales), one block per thread. 16x16: a program covers 4 blocks of 16 rows (whole
 # 32-byte sectors of codes). The quantizer runs it in one warp, each thread holding rows r and r + 8 of a block
 # column, so every tile reduction is a register add and shuffles; capped at 96 registers (with one amax per row
 # the compiler takes ~101) for 21 resident warps. The fused kernel needs more registers per block and runs it in
@@ -55,20 +56,26 @@ LAUNCH = {
     ("16x16", True): Launch(16, 4, 8, 2),
     ("nvfp4", False): Launch(1, 32, 8, 1),
     ("nvfp4", True): Launch(1, 32, 8, 1),
+    ("stochastic", False): Launch(1, 32, 8, 1),
+    ("stochastic", True): Launch(1, 32, 8, 1),
 }
 # Columnwise (x^T of a row-major x, 1x16 blocks along x's rows), per (kernel, decode) as LAUNCH: a warp covers
 # 8 consecutive columns k of x and 4 consecutive blocks down each (64 rows of x), one block (16 rows of one column)
 # per thread, loaded as one tile whose rows are 16-byte runs of 8 columns. Its 32 bytes of codes per column are
 # whole sectors of x^T's codes, which wider shapes with fewer blocks write in 8- or 16-byte pieces: ~2x the
 # 32-columns-by-one-block shape. NVFP4 without the decode takes two such warps side by side (16 columns: whole
-# 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice); the 4/6 and
-# decoding kernels, which need more registers per block, are fastest with one. The fastest shapes tried on an H200
-# (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
+# 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice), stochastic
+# rounding capped at 80 registers (24 resident warps, not 16: it waits on its pipes' latency more than on L2; the
+# cap spills a few registers outside the chunk loop only); the 4/6 and decoding kernels, which need more registers
+# per block, are fastest with one. The fastest shapes tried on an H200 (docs/kernels.md; `python3 -m scripts.bench
+# kernels --only columns`).
 COLUMN_LAUNCH = {
     ("1x16", False): Launch(8, 4, 8, 1),
     ("1x16", True): Launch(8, 4, 8, 1),
     ("nvfp4", False): Launch(16, 4, 8, 2),
     ("nvfp4", True): Launch(8, 4, 8, 1),
+    ("stochastic", False): Launch(16, 4, 8, 2, max_registers=80),
+    ("stochastic", True): Launch(8, 4, 8, 1),
 }
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
 _INPUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -141,7 +148,12 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
 
     STOCHASTIC (NVFP4 only) rounds the codes stochastically with 16 random bits per element, from
     tl.randint4x(seed, element index in the quantized matrix // 8) (docs/numerics.md section 12: one Philox
-    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's."""
+    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's. Like four-over-six
+    it keeps rare inputs out of the chunk loop: a chunk with a NaN |q| (or a row with a negative or NaN amax) is
+    only noted there, and the program writes its chunks again after the loop with the NaN codes and any-input
+    scale bytes; no per-chunk reduction (a shared-memory round trip and two barriers in 2-warp programs) and
+    no NaN pass in the loop. Columnwise it takes block_magnitudes' byte-permute form (PERMUTE), fewer
+    instructions there than the compiler's and more in the other kernels (docs/kernels.md)."""
     if TRANSPOSED and KIND != 0:
         x_ptr = x_ptr.to(tl.pointer_type(tl.int16))
     else:
@@ -176,6 +188,9 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
     # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
+    # STOCHASTIC: NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN.
+    unsettled = tl.where(amax >= 0.0, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
+    mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))  # NVFP4's scale: bamax * (S_enc * fl(1/6))
     if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
         hits = deferred
         blocks = deferred
@@ -198,12 +213,12 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             tile = tile_next
             tile_next = load_column_tile(x_ptr, column_start(rows64, nxt, row_words, M),
                                          (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND, VEC)
-            ws = column_words(tile, KIND)
+            ws, xs = column_words(tile, KIND, PTX and STOCHASTIC)
         else:
             ws = ws_next
             ws_next = load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
                                   WORDS, VEC)
-        xs = block_magnitudes(ws, KIND)
+            xs = block_magnitudes(ws, KIND)
         # Step 2: block amax (NaN propagates).
         bamax = xs[0]
         for i in tl.static_range(1, 16):
@@ -253,19 +268,19 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
         else:
             # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error. Its
             # fast path only needs an input without NaN and a finite, non-negative amax.
-            mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
             scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
             s = e4m3_round(scaled)
             inv = inverse_scale(s, s_dec)
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if STOCHASTIC:  # elementwise from the magnitudes, any input: no fast path to leave
-                sf = e4m3_bits(scaled)
-                # A NaN |q| needs a NaN x, a NaN inv (the scale of a NaN amax) or an infinite x times inv = 0.
-                any_nan = tl.max(tl.where((bamax <= FLT_MAX) & (inv > 0.0), 0, 1)) != 0
-                lo, hi = stochastic_codes(xs, ws, inv, seed, rows64 * (NBLK * 16) + blks * 16, any_nan, KIND, PTX)
-                dec = ()
-                if WRITE_DEC:
-                    dec = decode_words(lo, hi, e4m3_value(sf))
+                # A NaN |q| (a NaN x, a NaN inv from a NaN amax, or an infinite x times inv = 0) makes bamax * inv
+                # NaN: noted per thread, the program's chunks are written again after the loop, with NaN codes and
+                # scales from e4m3_bits. Elsewhere (amax >= 0, see `unsettled`) scaled is in [0, 448] and s's byte
+                # is e4m3_byte's.
+                unsettled = nan_max(unsettled, bamax * inv)
+                sf = e4m3_byte(s)
+                lo, hi, dec = _stochastic_chunk(xs, ws, sf, inv, seed, rows64 * (NBLK * 16) + blks * 16, False, KIND,
+                                                PTX, WRITE_DEC)
             elif tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
                 lo, hi, unused = exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
@@ -283,6 +298,26 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, dec,
                          False, TILE16, WRITE_DEC)
 
+    if STOCHASTIC:
+        if tl.max(tl.where(unsettled == unsettled, 0, 1)) != 0:  # rare: x or amax holds a NaN, or amax < 0
+            for chunk in tl.range(CHUNKS):
+                blks = first + chunk * NB
+                ok = (rows < R) & (blks < NBLK)
+                if TRANSPOSED:
+                    ws, xs = column_words(load_column_tile(x_ptr, column_start(rows64, blks, row_words, M), ok, KIND,
+                                                           VEC), KIND, PTX)
+                else:
+                    ws = load_words(x_ptr, rows64 * row_words + blks * WORDS, ok, WORDS, VEC)
+                    xs = block_magnitudes(ws, KIND)
+                bamax = xs[0]
+                for i in tl.static_range(1, 16):
+                    bamax = nan_max(bamax, xs[i])
+                scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
+                sf = e4m3_bits(scaled)
+                lo, hi, dec = _stochastic_chunk(xs, ws, sf, inverse_scale(e4m3_round(scaled), s_dec), seed,
+                                                rows64 * (NBLK * 16) + blks * 16, True, KIND, PTX, WRITE_DEC)
+                store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, dec,
+                             False, TILE16, WRITE_DEC)
     if FOUR_SIX:
         deferred = tl.reduce(deferred, None, _bit_or)
         if deferred != 0:  # the same threads rewrite the same blocks: no other thread touches them
@@ -305,6 +340,19 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
             tl.atomic_add(counts_ptr, tl.sum(hits.to(tl.int64)))
             tl.atomic_add(counts_ptr + 1, tl.sum(blocks.to(tl.int64)))
+
+
+@triton.jit
+def _stochastic_chunk(xs, ws, sf, inv, seed, index, NAN: tl.constexpr, KIND: tl.constexpr, PTX: tl.constexpr,
+                      WRITE_DEC: tl.constexpr):
+    """Stochastic NVFP4 codes of blocks of magnitudes xs and words ws whose first element has the flat index
+    `index` in the quantized matrix, with inverse scale inv: (packed codes lo and hi, the decode words by scale
+    byte sf or ()). NAN: give NaN elements NAN_CODE (else some other code, see stochastic_codes)."""
+    lo, hi = stochastic_codes(xs, ws, inv, seed, index, NAN, KIND, PTX)
+    dec = ()
+    if WRITE_DEC:
+        dec = decode_words(lo, hi, e4m3_value(sf))
+    return lo, hi, dec
 
 
 _QUANTIZE = FastLaunch(_quantize_kernel)
@@ -336,9 +384,11 @@ class SpecFlags(NamedTuple):
 def spec_flags(spec) -> SpecFlags:
     """The one place the kernel's constexprs come from a spec (cached per spec: fl(1/6B) costs a tensor division)."""
     four_six = spec.candidates != "nvfp4"
+    stochastic = spec.rounding == "stochastic"
     six_b = 6.0 * spec.scale_bound
     return SpecFlags(four_six, spec.block == "16x16", spec.err_mode == "mse", six_b, f32_reciprocal(six_b),
-                     spec.candidates == "6", spec.block if four_six else "nvfp4", spec.rounding == "stochastic")
+                     spec.candidates == "6", spec.block if four_six else ("stochastic" if stochastic else "nvfp4"),
+                     stochastic)
 
 
 def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: bool = False, groups=None,
