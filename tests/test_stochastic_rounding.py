@@ -118,8 +118,9 @@ def test_gpu_rule_arithmetic_emulated():
     """The GPU branch of kernels.encode.stochastic_e2m1 emulated in integers from the kernel's own constants (its
     instructions run on a GPU only): each CEIL_* fma.rp(a, SCALE, ADDEND) with ADDEND in [2^23, 2^24) gives the
     bits of ADDEND + ceil(a SCALE) (saturating at 2^24, as the monotone rounding does); their min with
-    F32_2_23 + CAP and the shifted difference give the reference's codes at the rule's thresholds
-    (tests/helpers/stochastic_kernels.cases) and for magnitudes past 6, which the branch clamps by the cap."""
+    CAP_BITS (every term carrying F32_2_23 + ROUND_UP), less r and shifted by 16, give the reference's codes plus
+    CODE_BIAS at the rule's thresholds (tests/helpers/stochastic_kernels.cases) and for magnitudes past 6, which
+    the branch clamps by the cap."""
     import struct
 
     from tests.helpers.stochastic_kernels import cases
@@ -137,10 +138,15 @@ def test_gpu_rule_arithmetic_emulated():
         v = torch.ceil(a.double() * scale) + addend
         return torch.where(v < 2 ** 24, v.float().view(torch.int32).long(), torch.tensor(0x4B800000))
 
+    assert int(encode.CAP_BITS) == bias + cap + encode.ROUND_UP and int(encode.CODE_BIAS) == bias >> 16
     c = torch.minimum(torch.minimum(biased_ceil(encode.CEIL_N.value), biased_ceil(encode.CEIL_HALF.value)),
-                      torch.minimum(biased_ceil(encode.CEIL_QUARTER.value), torch.tensor(bias + cap)))
-    got = (c + 65535 - bias - r) >> 16
+                      torch.minimum(biased_ceil(encode.CEIL_QUARTER.value), torch.tensor(int(encode.CAP_BITS))))
+    got = ((c - r) >> 16) - int(encode.CODE_BIAS)
     assert torch.equal(got, e2m1_encode_stochastic(a.clamp(max=6.0), r).long() & 7)
+    # A word packed from 8 biased codes, the first one's addend UNBIAS_WORD: the packed codes, mod 2^32.
+    codes = torch.arange(8) % 8
+    word = (int(encode.UNBIAS_WORD) + sum((int(v) + int(encode.CODE_BIAS)) << (4 * k) for k, v in enumerate(codes)))
+    assert word % 2 ** 32 == sum(int(v) << (4 * k) for k, v in enumerate(codes))
 
 
 def test_codes_are_always_a_neighbour_of_q():

@@ -225,9 +225,14 @@ def _biased_ceil_asm(scale: float, offset: float) -> str:
     return f"fma.rp.f32 $0, $1, {f32(scale)}, {f32(2.0 ** 23 + offset)};"
 
 
-CEIL_N = tl.constexpr(_biased_ceil_asm(2.0 ** 17, 0.0))  # n = ceil(a 2^17)
-CEIL_HALF = tl.constexpr(_biased_ceil_asm(2.0 ** 16, 2.0 ** 17))  # ceil(n / 2) + 2^17
-CEIL_QUARTER = tl.constexpr(_biased_ceil_asm(2.0 ** 15, 2.0 ** 18))  # ceil(n / 4) + 2^18
+ROUND_UP = 65535  # 2^16 - 1: stochastic_e2m1's c + ROUND_UP - r has L + [r < ceil(t)] above bit 16
+CEIL_N = tl.constexpr(_biased_ceil_asm(2.0 ** 17, ROUND_UP))  # n = ceil(a 2^17), + ROUND_UP
+CEIL_HALF = tl.constexpr(_biased_ceil_asm(2.0 ** 16, 2.0 ** 17 + ROUND_UP))  # ceil(n / 2) + 2^17, + ROUND_UP
+CEIL_QUARTER = tl.constexpr(_biased_ceil_asm(2.0 ** 15, 2.0 ** 18 + ROUND_UP))  # ceil(n / 4) + 2^18, + ROUND_UP
+CAP_BITS = tl.constexpr(F32_2_23 + CAP + ROUND_UP)  # the biased terms' clamp to 6
+CODE_BIAS = tl.constexpr(F32_2_23 >> 16)  # what F32_2_23 adds to a code shifted down by 16 (stochastic_code_biased)
+# Minus CODE_BIAS in each of a word's 8 nibbles, mod 2^32, as an int32: a word packed from biased codes plus this.
+UNBIAS_WORD = tl.constexpr((-sum(CODE_BIAS << (4 * k) for k in range(8)) + 2 ** 31) % 2 ** 32 - 2 ** 31)
 
 
 @triton.jit
@@ -240,6 +245,22 @@ def biased_ceil(a, ASM: tl.constexpr):
 
 
 @triton.jit
+def stochastic_code_biased(a, r, ADDEND: tl.constexpr):
+    """GPU only: ADDEND + CODE_BIAS + stochastic_e2m1(a, r) mod 2^32 (ADDEND an int32), the ALU pipe doing only the
+    two mins: the three CEIL_* terms carry ROUND_UP and F32_2_23 (as does CAP_BITS), so c - r (a mad.lo by -1)
+    is F32_2_23 + (c + ROUND_UP - r as stochastic_e2m1 writes it), and one mad.hi by 2^16 shifts it and adds
+    ADDEND: the code plus F32_2_23 >> 16 = CODE_BIAS. stochastic_codes packs these, one word's biases taken off
+    by the first code's ADDEND (UNBIAS_WORD)."""
+    c = tl.minimum(tl.minimum(biased_ceil(a, CEIL_N), biased_ceil(a, CEIL_HALF)),
+                   tl.minimum(biased_ceil(a, CEIL_QUARTER), CAP_BITS))
+    if ADDEND == 0:  # a plain mul.hi: with an addend ptxas makes it an ALU-pipe LEA.HI
+        return shift_right(multiply_add(r, -1, c), 16, True)
+    return tl.inline_asm_elementwise("mad.hi.u32 $0, $1, 65536, $2;", "=r,r,r",
+                                     [multiply_add(r, -1, c), tl.full(c.shape, ADDEND, tl.int32)], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def stochastic_e2m1(a, r, PTX: tl.constexpr):
     """The code magnitude of min(a, 6) for a = |q| rounded stochastically by 16 random bits r (int32 in
     [0, 2^16)): from the lower neighbour lo up exactly when r < ceil(t), t = (a - lo) 2^16 / (hi - lo)
@@ -248,12 +269,10 @@ def stochastic_e2m1(a, r, PTX: tl.constexpr):
     (an exact scaling), c = min(n, ceil(n / 2) + 2^17, ceil(n / 4) + 2^18) is ceil(t) + L 2^16 on a's interval
     (the lines of a concave map, each the least on its own interval, equal where two meet), so
     (c + 2^16 - 1 - r) >> 16 = L + [r < ceil(t)]; at a = 6, c = 7 2^16 = CAP. On a GPU the three terms are
-    biased_ceil's (ceil(n / m) = ceil(a 2^17 / m)), all biased by F32_2_23, and the clamp to 6 is min(c, CAP),
-    which also keeps NaN's code in [0, 7]; the shift is shift_right's: the ALU pipe does two mins and one add."""
+    biased_ceil's (ceil(n / m) = ceil(a 2^17 / m)), the clamp to 6 is the min with the cap, which also keeps
+    NaN's code in [0, 7], and the rest is on the FMA pipe: stochastic_code_biased, unbiased by its addend."""
     if PTX:
-        c = tl.minimum(tl.minimum(biased_ceil(a, CEIL_N), biased_ceil(a, CEIL_HALF)),
-                       tl.minimum(biased_ceil(a, CEIL_QUARTER), F32_2_23 + CAP))
-        return shift_right(c + (65535 - F32_2_23) - r, 16, PTX)
+        return stochastic_code_biased(a, r, -CODE_BIAS)
     n = tl.math.ceil(clamp_max(a, 6.0) * 131072.0).to(tl.int32)
     c = tl.minimum(n, tl.minimum((n + 262145) >> 1, (n + 1048579) >> 2))
     return (c + 65535 - r) >> 16
@@ -271,11 +290,18 @@ def stochastic_codes(xs, ws, inv, seed, first, NAN: tl.constexpr, KIND: tl.const
     for j in tl.static_range(2):
         bits = randint4x(seed, first // 8 + j, PTX)
         halves = random_halves(bits[0], PTX)
-        word = stochastic_e2m1(xs[8 * j] * inv, halves[0], PTX)
+        if PTX:  # biased codes (stochastic_code_biased), the word's biases taken off by the first one's addend
+            word = stochastic_code_biased(xs[8 * j] * inv, halves[0], UNBIAS_WORD)
+        else:
+            word = stochastic_e2m1(xs[8 * j] * inv, halves[0], PTX)
         for k in tl.static_range(1, 8):
             if k % 2 == 0:
                 halves = random_halves(bits[k // 2], PTX)
-            word = add_shifted(word, stochastic_e2m1(xs[8 * j + k] * inv, halves[k % 2], PTX), 4 * k, PTX)
+            if PTX:
+                code = stochastic_code_biased(xs[8 * j + k] * inv, halves[k % 2], 0)
+            else:
+                code = stochastic_e2m1(xs[8 * j + k] * inv, halves[k % 2], PTX)
+            word = add_shifted(word, code, 4 * k, PTX)
         words = words + (word, )
     lo, hi = with_signs(words[0], words[1], ws, KIND, PTX)
     if NAN:
