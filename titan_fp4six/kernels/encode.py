@@ -253,11 +253,11 @@ def stochastic_code_biased(a, r, ADDEND: tl.constexpr):
     by the first code's ADDEND (UNBIAS_WORD)."""
     c = tl.minimum(tl.minimum(biased_ceil(a, CEIL_N), biased_ceil(a, CEIL_HALF)),
                    tl.minimum(biased_ceil(a, CEIL_QUARTER), CAP_BITS))
+    v = multiply_add(r, -1, c)
     if ADDEND == 0:  # a plain mul.hi: with an addend ptxas makes it an ALU-pipe LEA.HI
-        return shift_right(multiply_add(r, -1, c), 16, True)
-    return tl.inline_asm_elementwise("mad.hi.u32 $0, $1, 65536, $2;", "=r,r,r",
-                                     [multiply_add(r, -1, c), tl.full(c.shape, ADDEND, tl.int32)], dtype=tl.int32,
-                                     is_pure=True, pack=1)
+        return shift_right(v, 16, True)
+    return tl.inline_asm_elementwise("mad.hi.u32 $0, $1, 65536, $2;", "=r,r,r", [v, tl.full(c.shape, ADDEND, tl.int32)],
+                                     dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -279,6 +279,15 @@ def stochastic_e2m1(a, r, PTX: tl.constexpr):
 
 
 @triton.jit
+def _packed_code(a, r, ADDEND: tl.constexpr, PTX: tl.constexpr):
+    """A code as stochastic_codes packs it: on a GPU stochastic_code_biased's (ADDEND: UNBIAS_WORD for the first
+    of a word, which takes the word's biases off, else 0), elsewhere stochastic_e2m1's."""
+    if PTX:
+        return stochastic_code_biased(a, r, ADDEND)
+    return stochastic_e2m1(a, r, PTX)
+
+
+@triton.jit
 def stochastic_codes(xs, ws, inv, seed, first, NAN: tl.constexpr, KIND: tl.constexpr, PTX: tl.constexpr):
     """Packed signed codes (two int32 words) of a block rounded stochastically: element i has magnitude
     min(xs[i] * inv, 6) (|q| of spec step 4), the sign of x (that of q: inv > 0) set on the packed words, and
@@ -290,18 +299,11 @@ def stochastic_codes(xs, ws, inv, seed, first, NAN: tl.constexpr, KIND: tl.const
     for j in tl.static_range(2):
         bits = randint4x(seed, first // 8 + j, PTX)
         halves = random_halves(bits[0], PTX)
-        if PTX:  # biased codes (stochastic_code_biased), the word's biases taken off by the first one's addend
-            word = stochastic_code_biased(xs[8 * j] * inv, halves[0], UNBIAS_WORD)
-        else:
-            word = stochastic_e2m1(xs[8 * j] * inv, halves[0], PTX)
+        word = _packed_code(xs[8 * j] * inv, halves[0], UNBIAS_WORD, PTX)
         for k in tl.static_range(1, 8):
             if k % 2 == 0:
                 halves = random_halves(bits[k // 2], PTX)
-            if PTX:
-                code = stochastic_code_biased(xs[8 * j + k] * inv, halves[k % 2], 0)
-            else:
-                code = stochastic_e2m1(xs[8 * j + k] * inv, halves[k % 2], PTX)
-            word = add_shifted(word, code, 4 * k, PTX)
+            word = add_shifted(word, _packed_code(xs[8 * j + k] * inv, halves[k % 2], 0, PTX), 4 * k, PTX)
         words = words + (word, )
     lo, hi = with_signs(words[0], words[1], ws, KIND, PTX)
     if NAN:

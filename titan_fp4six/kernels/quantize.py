@@ -184,13 +184,15 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     row_fast = amax_in_fast_range(tl.broadcast_to(amax, rows.shape))
 
     WORDS: tl.constexpr = 16 if KIND == 0 else 8
+    PERMUTE: tl.constexpr = PTX and STOCHASTIC  # block_magnitudes' byte-permute form, columnwise
     first = tl.program_id(1) * CHUNKS * NB + lanes
     # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
     # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
-    # STOCHASTIC: NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN.
-    unsettled = tl.where(amax >= 0.0, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
-    mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))  # NVFP4's scale: bamax * (S_enc * fl(1/6))
+    if not FOUR_SIX:  # NVFP4's scale input: bamax * (S_enc * fl(1/6))
+        mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
+    if STOCHASTIC:  # NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN
+        unsettled = tl.where(amax >= 0.0, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
     if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
         hits = deferred
         blocks = deferred
@@ -213,16 +215,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             tile = tile_next
             tile_next = load_column_tile(x_ptr, column_start(rows64, nxt, row_words, M),
                                          (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND, VEC)
-            ws, xs = column_words(tile, KIND, PTX and STOCHASTIC)
+            ws, xs = column_words(tile, KIND, PERMUTE)
         else:
             ws = ws_next
             ws_next = load_words(x_ptr, word + NB * WORDS, (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB),
                                   WORDS, VEC)
             xs = block_magnitudes(ws, KIND)
-        # Step 2: block amax (NaN propagates).
-        bamax = xs[0]
-        for i in tl.static_range(1, 16):
-            bamax = nan_max(bamax, xs[i])
+        bamax = _block_amax(xs)
         if CHECK_AMAX:
             _assert_amax_covers(bamax, amax, ok)
         bamax = tile_max(bamax, TILE16)
@@ -268,7 +267,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
         else:
             # Standard NVFP4: sf = e4m3(min(bamax * (S_enc * fl(1/6)), FLT_MAX)), one candidate, no error. Its
             # fast path only needs an input without NaN and a finite, non-negative amax.
-            scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
+            scaled = _nvfp4_scale_input(bamax, mult)
             s = e4m3_round(scaled)
             inv = inverse_scale(s, s_dec)
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
@@ -305,14 +304,11 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
                 ok = (rows < R) & (blks < NBLK)
                 if TRANSPOSED:
                     ws, xs = column_words(load_column_tile(x_ptr, column_start(rows64, blks, row_words, M), ok, KIND,
-                                                           VEC), KIND, PTX)
+                                                           VEC), KIND, PERMUTE)
                 else:
                     ws = load_words(x_ptr, rows64 * row_words + blks * WORDS, ok, WORDS, VEC)
                     xs = block_magnitudes(ws, KIND)
-                bamax = xs[0]
-                for i in tl.static_range(1, 16):
-                    bamax = nan_max(bamax, xs[i])
-                scaled = clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
+                scaled = _nvfp4_scale_input(_block_amax(xs), mult)
                 sf = e4m3_bits(scaled)
                 lo, hi, dec = _stochastic_chunk(xs, ws, sf, inverse_scale(e4m3_round(scaled), s_dec), seed,
                                                 rows64 * (NBLK * 16) + blks * 16, True, KIND, PTX, WRITE_DEC)
@@ -340,6 +336,21 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
             tl.atomic_add(counts_ptr, tl.sum(hits.to(tl.int64)))
             tl.atomic_add(counts_ptr + 1, tl.sum(blocks.to(tl.int64)))
+
+
+@triton.jit
+def _block_amax(xs):
+    """Spec step 2: the block amax of the 16 magnitudes xs, NaN propagating."""
+    bamax = xs[0]
+    for i in tl.static_range(1, 16):
+        bamax = nan_max(bamax, xs[i])
+    return bamax
+
+
+@triton.jit
+def _nvfp4_scale_input(bamax, mult):
+    """Standard NVFP4's scale before its E4M3 rounding: min(bamax * mult, FLT_MAX), clamped to 448."""
+    return clamp_max(clamp_max(bamax * mult, FLT_MAX), 448.0)
 
 
 @triton.jit
