@@ -77,25 +77,28 @@ def test_nvfp4_with_decode(kind, transposed):
 @pytest.mark.parametrize("kind, transposed, seed", ((1, False, "i64"), (0, False, "i32"), (2, True, "i64"),
                                                    (1, True, "i32")))
 def test_nvfp4_stochastic_with_decode(kind, transposed, seed):
-    """Stochastic rounding adds no FMA.rn and no FP64 to the NVFP4 kernel and keeps subnormals (no .ftz
-    instruction: tl.math.ceil's cvt.rpi.ftz would flush a subnormal t to 0). Its integer work sits on the FMA
-    pipe (kernels/encode.py, kernels/philox.py): per block three fma.rp ceilings per element, two Philox
-    evaluations of 10 mul.wide by A and 9 by B (the first round's c2 is 0; the two counters differ in their low
-    word only, so round 2's A products are one), per element one mad.lo (c - r) and one mul.hi (the rule's shift;
-    a mad.hi for the first of each packed word, which takes the word's code biases off), per random word one
-    mul.hi (its upper half) and one mad.lo (its lower half), one mad.lo per packed code but the first of each
-    word. The code holds all of it twice: in the chunk loop and in the rewrite of a program's chunks that meet a
-    NaN |q| (with their NaN codes), which the loop only notes."""
+    """Stochastic rounding adds no FMA.rn but the Newton inverse scale's (below) and no FP64 to the NVFP4 kernel,
+    and keeps subnormals (no .ftz instruction but that reciprocal's seed: tl.math.ceil's cvt.rpi.ftz would flush a
+    subnormal t to 0). Its integer work sits on the FMA pipe (kernels/encode.py, kernels/philox.py): per block
+    three fma.rp ceilings per element, two Philox evaluations of 10 mul.wide by A and 9 by B (the first round's c2
+    is 0; the two counters differ in their low word only, so round 2's A products are one), per element one mad.lo
+    (c - r) and one mul.hi (the rule's shift; a mad.hi for the first of each packed word, which takes the word's
+    code biases off), per random word one mul.hi (its upper half) and one mad.lo (its lower half), one mad.lo per
+    packed code but the first of each word. The code holds all of it twice: in the chunk loop and in the rewrite
+    of a program's chunks that meet a NaN |q| (with their NaN codes), which the loop only notes. The loop's
+    inverse scale is newton_inverse_scale's (one rcp.approx and its four FMAs, no division); the rewrite, which
+    also takes the rows whose S_dec is outside that function's range, divides."""
     ptx = _quantizer_ptx(kind, False, transposed, stochastic=True, seed=seed)
     copies = 2
-    assert _fmas(ptx) == 0
+    assert _fmas(ptx) == 4 and len(re.findall(r"\brcp\.approx\.ftz\.f32\b", ptx)) == 1
+    assert re.search(r"\bdiv\.rn\.f32\b", ptx)
     assert len(re.findall(r"\bfma\.rp\.f32\b", ptx)) == copies * 3 * 16
     assert len(re.findall(r"\bmul\.wide\.u32\b[^;]*0xd2511f53", ptx)) == copies * (2 * 10 - 1)  # round 2's shared
     assert len(re.findall(r"\bmul\.wide\.u32\b[^;]*0xcd9e8d57", ptx)) == copies * 2 * 9
     assert len(re.findall(r"\bmul\.hi\.u32\b", ptx)) == copies * (16 - 2 + 8)
     assert len(re.findall(r"\bmad\.hi\.u32\b", ptx)) == copies * 2
     assert len(re.findall(r"\bmad\.lo\.u32\b", ptx)) == copies * (16 + 8 + 2 * 7)
-    assert ".ftz" not in ptx and not re.search(r"\bcvt\.rpi\b", ptx)
+    assert ptx.count(".ftz") == 1 and not re.search(r"\bcvt\.rpi\b", ptx)  # the rcp.approx only
     _check_rounding(ptx)
 
 

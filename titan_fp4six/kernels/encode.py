@@ -130,6 +130,11 @@ def inverse_scale(sf, s_dec):
     return clamp_max(div(1.0, sf * s_dec), FLT_MAX)
 
 
+# S_dec whose every b = sf * S_dec (sf an E4M3 value: 0 or in [2^-9, 448]) is in newton_inverse_scale's range.
+NEWTON_S_DEC_MIN = tl.constexpr(2.0 ** -91)
+NEWTON_S_DEC_MAX = tl.constexpr(2.0 ** 48)
+
+
 @triton.jit
 def newton_inverse_scale(sf, s_dec, neg_s_dec):
     """inverse_scale without a division, for b = sf * S_dec = 0 or in [2^-100, 2^57] (the fast path's range):

@@ -147,12 +147,22 @@ def magnitude(f):
 
 
 @triton.jit
+def halves_word(low, high):
+    """The int32 word of two 16-bit halves on a GPU: a mov.b32 of the pair, which ptxas drops where the halves
+    already are one register's (column_words)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, {$1, $2};", "=r,h,h", [low, high], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
 def column_words(tile, KIND: tl.constexpr, PERMUTE: tl.constexpr):
     """(words, magnitudes) of the blocks of a load_column_tile tile: the words load_words gives (one (BR, NB)
     tensor per word: per element for fp32, two 16-bit elements per word with element 2j in the low half) and
     block_magnitudes of them (PERMUTE as there). The tile's last axis is split off element by element (8a + 4b +
-    2c + d split as a, b, c, d), which gathers each block's 16 elements into one thread."""
-    es = (tl.permute(tl.reshape(tile, [tile.shape[0], tile.shape[1], 2, 2, 2, 2]), [0, 1, 5, 4, 3, 2]), )
+    2c + d split as d, c, b, a), which gathers each block's 16 elements into one thread with elements 2j and 2j + 1
+    side by side in one register; with PERMUTE a word is that register as it is (mov.b32 of its two halves, which
+    ptxas drops), where the compiler's shift and mask of the halves took two byte permutes per word."""
+    es = (tl.reshape(tile, [tile.shape[0], tile.shape[1], 2, 2, 2, 2]), )
     for level in tl.static_range(4):
         halves = ()
         for j in tl.static_range(len(es)):
@@ -160,12 +170,15 @@ def column_words(tile, KIND: tl.constexpr, PERMUTE: tl.constexpr):
             halves = halves + (lo, hi)
         es = halves
     ws = ()
-    for i in tl.static_range(16):
-        ws = ws + (es[i].to(tl.int32), )
+    for i in tl.static_range(16):  # element 8a + 4b + 2c + d is es[8d + 4c + 2b + a]
+        ws = ws + (es[8 * (i % 2) + 4 * (i // 2 % 2) + 2 * (i // 4 % 2) + i // 8], )
     if KIND != 0:
         packed = ()
         for j in tl.static_range(8):
-            packed = packed + ((ws[2 * j] & 0xFFFF) | (ws[2 * j + 1] << 16), )
+            if PERMUTE:
+                packed = packed + (halves_word(ws[2 * j], ws[2 * j + 1]), )
+            else:
+                packed = packed + ((ws[2 * j].to(tl.int32) & 0xFFFF) | (ws[2 * j + 1].to(tl.int32) << 16), )
         ws = packed
     return ws, block_magnitudes(ws, KIND, PERMUTE)
 
@@ -195,4 +208,11 @@ def store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok
     if WRITE_DEC:  # whole sectors for 16x16 (0.237 -> 0.230 ms on an H200), not for 1x16 (0.176 -> 0.188 ms)
         store_words(dec_ptr, rows64 * (NBLK * 8) + blks * 8, dec, ok, True, TILE16)
     tl.store(scales_ptr + index, sf.to(tl.uint8), mask=ok)
-    store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+    # The codes of a block as one int64, stored from the kernel's layout: the columnwise stochastic kernel moved
+    # the two words joined into a pair through shared memory first (an 8-byte store and load and two barriers per
+    # chunk, sm_90a SASS). 16x16 keeps the pair, in whose loop the int64 took ~40 more instructions.
+    if TILE16:
+        store_words(codes_ptr, rows64 * (NBLK * 2) + blks * 2, (lo, hi), ok, True)
+    else:
+        pair = (lo.to(tl.uint32, bitcast=True).to(tl.int64) | (hi.to(tl.int64) << 32))
+        tl.store(codes_ptr.to(tl.pointer_type(tl.int64)) + index, pair, mask=ok)

@@ -8,7 +8,7 @@ shuffles, in the spec's tree order). Codes and scale values come from one-add ro
 four-over-six choice from a cheap error estimate with a proven bound (the comment above four_six.value_step). A
 chunk of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), is redone after the
 chunk loop with the spec's arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted
-FMA); every division is tl.math.div_rn except two the fast path replaces by exact FMA sequences (bits.div6,
+FMA); every division is tl.math.div_rn except two the fast paths replace by exact FMA sequences (bits.div6,
 encode.newton_inverse_scale). Launchers take validated arguments; titan_fp4six.dispatch decides when they run.
 docs/kernels.md has the design, the validation and the H200 speed.
 """
@@ -24,8 +24,8 @@ from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
 from .bits import FLT_MAX, SIGN_BIT, clamp_max, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16
 from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
-from .encode import (candidate_scales, decode_words, div, fast_encode_decode, inverse_scale, stochastic_codes,
-                     with_signs)
+from .encode import (NEWTON_S_DEC_MAX, NEWTON_S_DEC_MIN, candidate_scales, decode_words, div, fast_encode_decode,
+                     inverse_scale, newton_inverse_scale, stochastic_codes, with_signs)
 from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, error_bounds, exact_candidate,
                        fast_candidate, four_six_exact, tile_max, value_step)
 from .operand_words import block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk
@@ -63,18 +63,16 @@ LAUNCH = {
 # 8 consecutive columns k of x and 4 consecutive blocks down each (64 rows of x), one block (16 rows of one column)
 # per thread, loaded as one tile whose rows are 16-byte runs of 8 columns. Its 32 bytes of codes per column are
 # whole sectors of x^T's codes, which wider shapes with fewer blocks write in 8- or 16-byte pieces: ~2x the
-# 32-columns-by-one-block shape. NVFP4 without the decode takes two such warps side by side (16 columns: whole
-# 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice), stochastic
-# rounding capped at 80 registers (24 resident warps, not 16: it waits on its pipes' latency more than on L2; the
-# cap spills a few registers outside the chunk loop only); the 4/6 and decoding kernels, which need more registers
-# per block, are fastest with one. The fastest shapes tried on an H200 (docs/kernels.md; `python3 -m scripts.bench
-# kernels --only columns`).
+# 32-columns-by-one-block shape. The kernels without the decode take two such warps side by side (16 columns:
+# whole 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice); the
+# decoding kernels, which need more registers per block, are fastest with one. The fastest shapes tried on an
+# H200 (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
 COLUMN_LAUNCH = {
-    ("1x16", False): Launch(8, 4, 8, 1),
+    ("1x16", False): Launch(16, 4, 8, 2),
     ("1x16", True): Launch(8, 4, 8, 1),
     ("nvfp4", False): Launch(16, 4, 8, 2),
     ("nvfp4", True): Launch(8, 4, 8, 1),
-    ("stochastic", False): Launch(16, 4, 8, 2, max_registers=80),
+    ("stochastic", False): Launch(16, 4, 8, 2),
     ("stochastic", True): Launch(8, 4, 8, 1),
 }
 MIN_PROGRAMS = 4096  # about 132 SMs x 32 resident one-warp programs
@@ -148,7 +146,9 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
 
     STOCHASTIC (NVFP4 only) rounds the codes stochastically with 16 random bits per element, from
     tl.randint4x(seed, element index in the quantized matrix // 8) (docs/numerics.md section 12: one Philox
-    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's. Like four-over-six
+    evaluation per 8 elements); seed is unused otherwise. Its scales are the nearest mode's, its inverse scales on
+    a GPU newton_inverse_scale's (no division in the loop; a row whose S_dec lies outside that function's range
+    is unsettled from the start, as below, and takes the division after the loop). Like four-over-six
     it keeps rare inputs out of the chunk loop: a chunk with a NaN |q| (or a row with a negative or NaN amax) is
     only noted there, and the program writes its chunks again after the loop with the NaN codes and any-input
     scale bytes; no per-chunk reduction (a shared-memory round trip and two barriers in 2-warp programs) and
@@ -191,8 +191,10 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
     if not FOUR_SIX:  # NVFP4's scale input: bamax * (S_enc * fl(1/6))
         mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
-    if STOCHASTIC:  # NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN
-        unsettled = tl.where(amax >= 0.0, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
+    if STOCHASTIC:  # NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN or
+        # whose S_dec is outside newton_inverse_scale's range (amax below ~2^-88 or above ~2^50, not 0)
+        settled_row = (amax >= 0.0) & (s_dec >= NEWTON_S_DEC_MIN) & (s_dec <= NEWTON_S_DEC_MAX)
+        unsettled = tl.where(settled_row, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
     if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
         hits = deferred
         blocks = deferred
@@ -269,7 +271,10 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             # fast path only needs an input without NaN and a finite, non-negative amax.
             scaled = _nvfp4_scale_input(bamax, mult)
             s = e4m3_round(scaled)
-            inv = inverse_scale(s, s_dec)
+            if STOCHASTIC and PTX:  # S_dec in range (else the row is unsettled): no division
+                inv = newton_inverse_scale(s, s_dec, neg_s_dec)
+            else:
+                inv = inverse_scale(s, s_dec)
             # With the decode (WRITE_DEC): e2m1 value * the stored scale's value (NaN for a NaN scale).
             if STOCHASTIC:  # elementwise from the magnitudes, any input: no fast path to leave
                 # A NaN |q| (a NaN x, a NaN inv from a NaN amax, or an infinite x times inv = 0) makes bamax * inv
