@@ -2,8 +2,8 @@
 0.2's attention at these lengths (RoPE without YaRN), the 4/6 recipe's step-1 loss and gradient norm are 0.2's to
 float tolerance. What else differs between the versions' own runs: the initial weights of the attention's
 wq/wkv_a/wkv_b (drawn in another order) and the batches (0.3's loader starts sample r at token r*seq_len, 0.2's at
-r*(seq_len+1)). Runs in .venv-tt03, whose base Python (torchtitan 0.2.2) gives the reference
-(tests/helpers/step_dump.py)."""
+r*(seq_len+1)). Runs in .venv-tt03; the Python it sits on (torchtitan 0.2.2, named in .venv-tt03/parent-python
+by scripts/setup_tt03.sh) gives the reference (tests/helpers/step_dump.py)."""
 
 import os
 import subprocess
@@ -16,8 +16,9 @@ import torch
 from tests.helpers.step_dump import to_tt03
 from titan_fp4six.integration.version import series
 
-pytestmark = pytest.mark.skipif(series() != "0.3" or Path(sys._base_executable) == Path(sys.executable),
-                                reason="needs torchtitan 0.3.0 in a venv over a Python with torchtitan 0.2.2")
+PARENT = Path(sys.prefix, "parent-python")
+pytestmark = pytest.mark.skipif(series() != "0.3" or not PARENT.exists(),
+                                reason="needs torchtitan 0.3.0 in .venv-tt03 over a Python with torchtitan 0.2.2")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "deepseek_v3_debugmodel_nvfp4_four_over_six"
@@ -34,7 +35,7 @@ def dump(python, out, *args):
 
 
 def test_same_weights_batch_and_rope_give_the_same_step1_loss_and_grad_norm_on_0_2_and_0_3(tmp_path):
-    ref = dump(sys._base_executable, [str(tmp_path / "tt02.pt")], "--job.config_file", f"configs/{RECIPE}.toml",
+    ref = dump(PARENT.read_text().strip(), [str(tmp_path / "tt02.pt")], "--job.config_file", f"configs/{RECIPE}.toml",
                "--job.dump_folder", str(tmp_path / "tt02"))
     run = dump(sys.executable, [str(tmp_path / "tt03.pt"), str(tmp_path / "tt02.pt"), "--no-yarn"],
                "--module", "titan_fp4six.integration.tt03", "--config", RECIPE, "--dump_folder", str(tmp_path / "tt03"))
