@@ -9,6 +9,7 @@ Slot convention: a token's RoPE position is its cache slot; sequences are right-
 each row's real tokens and causality alone keeps it out of every real query.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +108,8 @@ def kernels(consistent_mode: bool, expert_cache: ExpertWeightCache | None = None
     return (_Consistent if consistent_mode else _Kernels)(expert_cache)
 
 
-def _attention_block(attn, ops: _Kernels, x: Tensor, rope_cache: Tensor, positions: Tensor, cache_k, cache_v):
+def qkv(attn, ops: _Kernels, x: Tensor, rope_cache: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The attention's q, k, v (B, T, heads, head_dim) of x (B, T, dim): projections, q/k norms, RoPE."""
     bs, t, _ = x.shape
     q = ops.linear(attn.wq, x).view(bs, t, -1, attn.head_dim)
     k = ops.linear(attn.wk, x).view(bs, t, -1, attn.head_dim)
@@ -116,19 +118,44 @@ def _attention_block(attn, ops: _Kernels, x: Tensor, rope_cache: Tensor, positio
         q = ops.norm(attn.q_norm, q)
     if attn.k_norm is not None:
         k = ops.norm(attn.k_norm, k)
-    q, k = _rope(q, rope_cache, positions), _rope(k, rope_cache, positions)
+    return _rope(q, rope_cache, positions), _rope(k, rope_cache, positions), v
+
+
+def _cached_attention(attn, ops: _Kernels, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cache_k, cache_v):
+    """q, k, v (B, T, heads, head_dim) -> (B, T, heads * head_dim), causal by position over the cache's slots."""
+    bs, t = q.shape[:2]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache_k is None:  # whole sequences: slot = column
-        slots = torch.arange(t, device=x.device)
+        slots = torch.arange(t, device=q.device)
     else:  # write this step's keys/values at their positions, attend over every slot
         index = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
         cache_k.scatter_(2, index, k.to(cache_k.dtype))
         cache_v.scatter_(2, index, v.to(cache_v.dtype))
         k, v = cache_k.to(q.dtype), cache_v.to(q.dtype)
-        slots = torch.arange(k.shape[2], device=x.device)
+        slots = torch.arange(k.shape[2], device=q.device)
     allowed = (slots[None, None, None, :] <= positions[:, None, :, None])
-    out = ops.attention(q, k, v, allowed, attn.scaling).transpose(1, 2).reshape(bs, t, -1)
-    return ops.linear(attn.wo, out)
+    return ops.attention(q, k, v, allowed, attn.scaling).transpose(1, 2).reshape(bs, t, -1)
+
+
+def decoder_layer(layer, ops: _Kernels, h: Tensor, rope_cache: Tensor, positions: Tensor, attend) -> Tensor:
+    """One Qwen3 decoder layer on h (B, T, dim); attend(q, k, v) (B, T, heads, head_dim) -> (B, T, heads *
+    head_dim) is the attention core (this file's cached SDPA, or an inference engine's)."""
+    attn = layer.attention
+    q, k, v = qkv(attn, ops, ops.norm(layer.attention_norm, h), rope_cache, positions)
+    h = h + ops.linear(attn.wo, attend(q, k, v))
+    if layer.moe_enabled:
+        return h + ops.moe(layer.moe, ops.norm(layer.ffn_norm, h))
+    return h + ops.feed_forward(layer.feed_forward, ops.norm(layer.ffn_norm, h))
+
+
+def embed(model, ops: _Kernels, tokens: Tensor) -> Tensor:
+    h = model.tok_embeddings(tokens)
+    return h if ops.activation_dtype is None else h.to(ops.activation_dtype)
+
+
+def logprobs_of(model, ops: _Kernels, h: Tensor) -> Tensor:
+    """The final norm, the LM head and the log-softmax (FP32) of hidden states h."""
+    return ops.log_softmax(ops.linear(model.output, ops.norm(model.norm, h)))
 
 
 def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCache | None = None) -> Tensor:
@@ -136,15 +163,10 @@ def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCa
 
     Without a cache: whole right-padded sequences (positions = column index), causal. With one: K/V of these
     tokens go to slots `positions`, each query attends to slots <= its position."""
-    h = model.tok_embeddings(tokens)
-    if ops.activation_dtype is not None:
-        h = h.to(ops.activation_dtype)
+    h = embed(model, ops, tokens)
     for i, layer in enumerate(model.layers.values()):
         ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-        h = h + _attention_block(layer.attention, ops, ops.norm(layer.attention_norm, h), model.rope_cache,
-                                 positions, ck, cv)
-        if layer.moe_enabled:
-            h = h + ops.moe(layer.moe, ops.norm(layer.ffn_norm, h))
-        else:
-            h = h + ops.feed_forward(layer.feed_forward, ops.norm(layer.ffn_norm, h))
-    return ops.log_softmax(ops.linear(model.output, ops.norm(model.norm, h)))
+        attend = functools.partial(_cached_attention, layer.attention, ops, positions=positions, cache_k=ck,
+                                   cache_v=cv)
+        h = decoder_layer(layer, ops, h, model.rope_cache, positions, attend)
+    return logprobs_of(model, ops, h)

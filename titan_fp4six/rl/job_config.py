@@ -5,8 +5,15 @@ from dataclasses import dataclass, field
 from ..integration import job_config as _plugin
 
 
+GENERATORS = ("native", "vllm")
+
+
 @dataclass
 class RL:
+    generator: str = "native"
+    """Who samples the rollouts: "native" (the package's KV-cache generator on the trainer's model) or "vllm" (an
+    in-process vLLM engine running the recipe's converted model, weights copied in after each step; needs
+    scripts/setup_vllm.sh)."""
     consistent: bool = False
     """Batch-invariant kernels on both sides (rollouts and re-scoring bit-identical for row-scaled 4/6);
     off = the model's own fast kernels."""
@@ -35,6 +42,12 @@ class RL:
 
     def __post_init__(self):
         """Checked when the config loads, not at the first rollout."""
+        if self.generator not in GENERATORS:
+            raise ValueError(f"rl.generator={self.generator!r}; valid: {', '.join(map(repr, GENERATORS))}")
+        if self.generator == "vllm" and self.consistent:
+            raise ValueError("rl.consistent=true with rl.generator='vllm': the consistent mode's batch-invariant "
+                             "kernels run in the native generator only (vLLM's attention and batching are its own); "
+                             "use rl.generator='native' for zero-mismatch rollouts")
         for key, low in (("prompts_per_step", 1), ("group_size", 2), ("task_length", 1)):
             value = getattr(self, key)
             if type(value) is not int or value < low:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.protocols.model_converter import build_model_converters
+from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
@@ -41,6 +43,11 @@ def check_rl_job(job_config) -> CopyTask:
     if name not in SUPPORTED_MODELS:
         raise ValueError(f"titan_fp4six.rl supports model.name = {', '.join(map(repr, SUPPORTED_MODELS))} (its forward "
                          f"reads their modules); got model.name={name!r}")
+    if cfg.generator == "vllm":
+        from .vllm_generator import check_engine
+
+        check_engine(get_train_spec(name).model_args[job_config.model.flavor], job_config.model.flavor,
+                     not torch.cuda.is_available())
     world = int(os.environ["WORLD_SIZE"])
     if world != 1:
         raise ValueError(f"titan_fp4six.rl runs on one device; got WORLD_SIZE={world}: launch one process")
@@ -64,6 +71,27 @@ class RLTrainer(Trainer):
         self.expert_cache = ExpertWeightCache()
         self.reference = None
         self.metrics_path = Path(job_config.job.dump_folder) / cfg.metrics_file
+        self.vllm = None
+        if cfg.generator == "vllm":
+            from .vllm_generator import VLLMGenerator
+
+            dtype = next(self.model_parts[0].parameters()).dtype
+            self.vllm = VLLMGenerator(self._policy_copy, self.model_args, max_len=job_config.training.seq_len,
+                                      max_seqs=cfg.prompts_per_step * cfg.group_size, eos_id=self.task.vocab.eos,
+                                      dtype=dtype, seed=cfg.seed)
+
+    def close(self) -> None:
+        if getattr(self, "vllm", None) is not None:
+            self.vllm.shutdown()
+            self.vllm = None
+        super().close()
+
+    def _policy_copy(self):
+        """The recipe's model built and converted again (for the vLLM engine; weights come by load_weights)."""
+        with torch.device(self.device):
+            model = self.train_spec.model_cls(self.model_args)
+        build_model_converters(self.job_config, self.parallel_dims).convert(model)
+        return model.to(next(self.model_parts[0].parameters()).dtype)
 
     def _amp(self):
         """torchtitan's autocast for fast mode; the consistent kernels compute in FP32 themselves."""
@@ -76,13 +104,16 @@ class RLTrainer(Trainer):
 
     def rollout(self, model, prompts) -> Rollout:
         cfg = self.job_config.rl
+        sampling = dict(max_new_tokens=self.task.max_new_tokens(), stop_ids=(self.task.vocab.eos,),
+                        pad_id=self.task.vocab.eos, temperature=cfg.temperature, top_p=cfg.top_p,
+                        generator=self.sampler)
+        if self.vllm is not None:
+            return self.vllm.generate(prompts, **sampling)
         counts = {n: b.clone() for n, b in model.named_buffers() if n.endswith("tokens_per_expert")}
         ops = kernels(cfg.consistent, self.expert_cache)
         patch = contextlib.nullcontext() if cfg.consistent else cached_experts(model, self.expert_cache)
         with self._amp(), patch:
-            out = generate(model, prompts, max_new_tokens=self.task.max_new_tokens(), ops=ops,
-                           stop_ids=(self.task.vocab.eos,), pad_id=self.task.vocab.eos,
-                           temperature=cfg.temperature, top_p=cfg.top_p, generator=self.sampler)
+            out = generate(model, prompts, ops=ops, **sampling)
         for name, buf in model.named_buffers():  # rollouts do not count toward expert load balancing
             if name in counts:
                 buf.copy_(counts[name])
@@ -141,6 +172,8 @@ class RLTrainer(Trainer):
                                                foreach=True)
         self.optimizers.step()
         self.expert_cache.invalidate()
+        if self.vllm is not None:
+            self.vllm.load_weights(model)
         self.lr_schedulers.step()
         train_time = self._sync() - start
         trained = sum(len(p) for p in prompts) + generated
@@ -150,7 +183,7 @@ class RLTrainer(Trainer):
                         "reward_max": float(rewards.max()), "grad_norm": float(grad_norm), "lr": lr,
                         "response_tokens": generated, "gen_tps": generated / gen_time,
                         "train_tps": trained / train_time, "gen_s": gen_time, "train_s": train_time,
-                        "consistent": cfg.consistent})
+                        "consistent": cfg.consistent, "generator": cfg.generator})
         return metrics
 
     def log_step(self, metrics: dict) -> None:
@@ -168,13 +201,16 @@ class RLTrainer(Trainer):
     def train(self):
         job_config = self.job_config
         self.checkpointer.load(step=job_config.checkpoint.load_step)
+        if self.vllm is not None:
+            self.vllm.load_weights(self.model_parts[0])
         if job_config.rl.kl_coef > 0:
             self.reference = copy.deepcopy(self.model_parts[0]).requires_grad_(False)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         if self.step == 0 and self.metrics_path.exists():
             os.remove(self.metrics_path)
         logger.info(f"GRPO starts at step {self.step + 1} ({'consistent' if job_config.rl.consistent else 'fast'} "
-                    f"kernels, {job_config.rl.prompts_per_step} prompts x {job_config.rl.group_size} samples)")
+                    f"kernels, {job_config.rl.generator} generator, {job_config.rl.prompts_per_step} prompts x "
+                    f"{job_config.rl.group_size} samples)")
         while self.should_continue_training():
             self.step += 1
             self.gc_handler.run(self.step)
