@@ -10,7 +10,7 @@ from tests.helpers.rl_helpers import float_histc, score, tiny_model  # noqa: F40
 from titan_fp4six.ops import MAP4_STATS
 from titan_fp4six.rl import consistent
 from titan_fp4six.rl.experts import ExpertWeightCache, cached_experts
-from titan_fp4six.rl.forward import kernels
+from titan_fp4six.rl.forward import forward, kernels, layout
 from titan_fp4six.rl.generator import generate
 
 TARGET = [0, 17, 42, 99, 5]
@@ -109,3 +109,24 @@ def test_generate_rejects_bad_knobs(bad, float_histc):
     args = dict(max_new_tokens=2, ops=kernels(False), temperature=1.0, top_p=1.0) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
         generate(tiny_model(None), [TARGET], **args)
+
+
+@pytest.mark.parametrize("linears", [False, True])
+def test_packed_rescoring_gives_the_padded_logprobs(linears, float_histc):
+    """rl.rescoring = "packed": every sequence in one row with a per-document causal mask and positions from 0
+    each. Consistent mode: the padded forward's logprobs bit for bit (row-independent kernels; masked keys add
+    exact zeros); fast mode: within FP32 reduction-order noise (SDPA over other key counts)."""
+    model = tiny_model("row", linears=linears)
+    seqs = [TARGET + [3, 4], *OTHERS, [0, 1]]
+    for consistent_mode, tol in ((True, 0.0), (False, 1e-5)):
+        ops = kernels(consistent_mode)
+        got = {}
+        for packed in (False, True):
+            b = layout(seqs, pad_id=2, packed=packed, device="cpu")
+            with torch.no_grad():
+                lp = forward(model, b.tokens, b.positions, ops, documents=b.documents)
+            got[packed] = [lp[b.row[i], b.col[i]:b.col[i] + len(s)] for i, s in enumerate(seqs)]
+        packed_row = layout(seqs, 2, True, "cpu")
+        assert packed_row.tokens.shape == (1, sum(map(len, seqs)))  # no padding computed
+        for a, b in zip(got[False], got[True]):
+            assert (a - b).abs().max().item() <= tol, consistent_mode

@@ -20,19 +20,31 @@ NVFP4, BF16 = "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml", "rl_grpo_qwen3
 
 
 def test_grpo_runs_on_cpu(tmp_path):
-    """The 4/6 recipe in consistent mode with a KL term: every step logs, and the mismatch is exactly zero."""
+    """The 4/6 recipe in consistent mode with a KL term: every step logs, the mismatch is exactly zero, and packed
+    re-scoring (rl.rescoring) trains the same steps as padded re-scoring: step 1's forward quantities bit for bit
+    (same weights, the same logprobs), gradients and later steps to FP32 reduction noise (the backward's
+    weight-gradient sums run over another token layout)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]), CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file", str(REPO / "configs" / NVFP4),
-           "--job.dump_folder", str(tmp_path), *CPU_ARGS, "--training.steps", "3", "--rl.prompts_per_step", "2",
-           "--rl.group_size", "4", "--rl.consistent", "--rl.kl_coef", "0.1"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    assert (proc.stdout + proc.stderr).count("mismatch max:") == 3
-    steps = [json.loads(line) for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    runs = {}
+    for rescoring in ("padded", "packed"):
+        cmd = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file", str(REPO / "configs" / NVFP4),
+               "--job.dump_folder", str(tmp_path / rescoring), *CPU_ARGS, "--training.steps", "3",
+               "--rl.prompts_per_step", "2", "--rl.group_size", "4", "--rl.consistent", "--rl.kl_coef", "0.1",
+               "--rl.rescoring", rescoring]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        assert (proc.stdout + proc.stderr).count("mismatch max:") == 3
+        runs[rescoring] = [json.loads(line) for line in
+                           (tmp_path / rescoring / "rl_metrics.jsonl").read_text().splitlines()]
+    steps = runs["padded"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     for s in steps:
         assert s["gen_tps"] > 0 and s["train_tps"] > 0 and 0 <= s["reward"] <= 1 and s["response_tokens"] > 0
         assert s["mismatch_max"] == 0.0 and s["mismatch_kl"] == 0.0 and "kl_ref" in s and s["consistent"]
+    for key in ("loss", "reward", "kl_ref", "entropy"):
+        assert runs["packed"][0][key] == steps[0][key], key
+    for key in ("loss", "grad_norm", "kl_ref", "entropy"):
+        assert [s[key] for s in runs["packed"]] == pytest.approx([s[key] for s in steps], rel=1e-4, abs=1e-9), key
 
 
 @pytest.mark.parametrize("args, match", [
@@ -43,6 +55,7 @@ def test_grpo_runs_on_cpu(tmp_path):
     (["--rl.task_length", "0"], r"rl.task_length=0; it must be an integer >= 1"),
     (["--rl.clip_eps", "0"], r"rl.clip_eps=0.0 must be > 0"),
     (["--rl.generator", "sglang"], r"rl.generator='sglang'; valid: 'native', 'vllm'"),
+    (["--rl.rescoring", "varlen"], r"rl.rescoring='varlen'; valid: 'padded', 'packed'"),
     (["--rl.generator", "vllm", "--rl.consistent"], r"rl.consistent=true with rl.generator='vllm': .* native generator"),
 ])
 def test_rl_arguments_are_checked_when_the_config_loads(args, match, capsys):

@@ -121,20 +121,33 @@ def qkv(attn, ops: _Kernels, x: Tensor, rope_cache: Tensor, positions: Tensor) -
     return _rope(q, rope_cache, positions), _rope(k, rope_cache, positions), v
 
 
-def _cached_attention(attn, ops: _Kernels, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cache_k, cache_v):
-    """q, k, v (B, T, heads, head_dim) -> (B, T, heads * head_dim), causal by position over the cache's slots."""
+def _attention(attn, ops: _Kernels, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, positions: Tensor,
+               cache_k, cache_v) -> Tensor:
+    """q, k, v (B, T, heads, head_dim) -> (B, T, heads * head_dim) over the keys `allowed` (B, 1, T, slots)
+    lets each query see: this call's own (no cache), or every cache slot after writing this call's keys/values
+    at their positions."""
     bs, t = q.shape[:2]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if cache_k is None:  # whole sequences: slot = column
-        slots = torch.arange(t, device=q.device)
-    else:  # write this step's keys/values at their positions, attend over every slot
+    if cache_k is not None:
         index = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
         cache_k.scatter_(2, index, k.to(cache_k.dtype))
         cache_v.scatter_(2, index, v.to(cache_v.dtype))
         k, v = cache_k.to(q.dtype), cache_v.to(q.dtype)
-        slots = torch.arange(k.shape[2], device=q.device)
-    allowed = (slots[None, None, None, :] <= positions[:, None, :, None])
     return ops.attention(q, k, v, allowed, attn.scaling).transpose(1, 2).reshape(bs, t, -1)
+
+
+def _allowed(positions: Tensor, cache: "KVCache | None", documents: Tensor | None) -> Tensor:
+    """(B, 1, T, slots) bool. With a cache: slots up to each query's position. Without: causal over the columns
+    (positions = columns for right-padded rows), and with `documents` (B, T) ids only within a query's document
+    (packed rows, positions restarting per document)."""
+    if cache is not None:
+        slots = torch.arange(cache.k[0].shape[2], device=positions.device)
+        return slots[None, None, None, :] <= positions[:, None, :, None]
+    cols = torch.arange(positions.shape[1], device=positions.device)
+    allowed = (cols[None, :] <= cols[:, None])[None, None]
+    if documents is not None:
+        allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
+    return allowed
 
 
 def decoder_layer(layer, ops: _Kernels, h: Tensor, rope_cache: Tensor, positions: Tensor, attend) -> Tensor:
@@ -158,15 +171,50 @@ def logprobs_of(model, ops: _Kernels, h: Tensor) -> Tensor:
     return ops.log_softmax(ops.linear(model.output, ops.norm(model.norm, h)))
 
 
-def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCache | None = None) -> Tensor:
+@dataclass
+class Batch:
+    """Sequences laid out for one forward: tokens, positions (R, W), documents (R, W) ids or None (padded rows), and
+    where sequence i starts: row[i], col[i]."""
+
+    tokens: Tensor
+    positions: Tensor
+    documents: Tensor | None
+    row: Tensor
+    col: Tensor
+
+
+def layout(seqs: list[list[int]], pad_id: int, packed: bool, device) -> Batch:
+    """Right-padded rows, one sequence each; or packed: every sequence in one row, back to back, each with its
+    own positions from 0 and attending only within itself (a per-document causal mask: no padding computed)."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    if packed:
+        starts = torch.cumsum(lengths, 0) - lengths
+        tokens = torch.tensor([t for s in seqs for t in s])[None]
+        positions = torch.cat([torch.arange(n) for n in lengths.tolist()])[None]
+        documents = torch.repeat_interleave(torch.arange(len(seqs)), lengths)[None].to(device)
+        row, col = torch.zeros(len(seqs), dtype=torch.long), starts
+    else:
+        width = int(lengths.max())
+        tokens = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tokens[i, :len(s)] = torch.tensor(s)
+        positions = torch.arange(width).expand(len(seqs), -1)
+        documents, row, col = None, torch.arange(len(seqs)), torch.zeros(len(seqs), dtype=torch.long)
+    return Batch(tokens.to(device), positions.to(device), documents, row.to(device), col.to(device))
+
+
+def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCache | None = None,
+            documents: Tensor | None = None) -> Tensor:
     """tokens, positions (B, T) -> token log-probabilities (B, T, vocab) FP32 of the next token.
 
-    Without a cache: whole right-padded sequences (positions = column index), causal. With one: K/V of these
+    Without a cache: whole right-padded sequences (positions = column index), causal; or, with `documents` (B, T),
+    packed sequences (several per row, each with its own positions), causal within each. With a cache: K/V of these
     tokens go to slots `positions`, each query attends to slots <= its position."""
     h = embed(model, ops, tokens)
+    allowed = _allowed(positions, cache, documents)
     for i, layer in enumerate(model.layers.values()):
         ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-        attend = functools.partial(_cached_attention, layer.attention, ops, positions=positions, cache_k=ck,
-                                   cache_v=cv)
+        attend = functools.partial(_attention, layer.attention, ops, allowed=allowed, positions=positions,
+                                   cache_k=ck, cache_v=cv)
         h = decoder_layer(layer, ops, h, model.rope_cache, positions, attend)
     return logprobs_of(model, ops, h)

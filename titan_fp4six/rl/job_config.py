@@ -6,6 +6,7 @@ from ..integration import job_config as _plugin
 
 
 GENERATORS = ("native", "vllm")
+RESCORINGS = ("padded", "packed")
 
 
 @dataclass
@@ -14,6 +15,10 @@ class RL:
     """Who samples the rollouts: "native" (the package's KV-cache generator on the trainer's model) or "vllm" (an
     in-process vLLM engine running the recipe's converted model, weights copied in after each step; needs
     scripts/setup_vllm.sh)."""
+    rescoring: str = "padded"
+    """How the trainer lays out the rollouts it re-scores: "padded" (one right-padded row each) or "packed" (all
+    in one row, a per-document causal mask, positions restarting per document: no padding computed; the same
+    logprobs, bitwise in consistent mode)."""
     consistent: bool = False
     """Batch-invariant kernels on both sides (rollouts and re-scoring bit-identical for row-scaled 4/6);
     off = the model's own fast kernels."""
@@ -44,6 +49,8 @@ class RL:
         """Checked when the config loads, not at the first rollout."""
         if self.generator not in GENERATORS:
             raise ValueError(f"rl.generator={self.generator!r}; valid: {', '.join(map(repr, GENERATORS))}")
+        if self.rescoring not in RESCORINGS:
+            raise ValueError(f"rl.rescoring={self.rescoring!r}; valid: {', '.join(map(repr, RESCORINGS))}")
         if self.generator == "vllm" and self.consistent:
             raise ValueError("rl.consistent=true with rl.generator='vllm': the consistent mode's batch-invariant "
                              "kernels run in the native generator only (vLLM's attention and batching are its own); "

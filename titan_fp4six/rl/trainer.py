@@ -25,7 +25,7 @@ from ..integration.nonfinite import check_finite, nonfinite_allowed
 from ..train import check_before_training
 from . import grpo
 from .experts import ExpertWeightCache, cached_experts
-from .forward import forward, kernels
+from .forward import forward, kernels, layout
 from .generator import Rollout, generate, tempered
 from .task import CopyTask, Vocabulary
 
@@ -61,6 +61,18 @@ def check_rl_job(job_config) -> CopyTask:
     return task
 
 
+def build_converted(job_config, device, dtype, parallel_dims=None):
+    """The recipe's model (train spec, flavor) on `device`, converted by the recipe's converters, in `dtype`
+    (weights as the modules' constructors leave them: load your own)."""
+    spec = get_train_spec(job_config.model.name)
+    args = spec.model_args[job_config.model.flavor]
+    args.update_from_config(job_config)
+    with torch.device(device):
+        model = spec.model_cls(args)
+    build_model_converters(job_config, parallel_dims).convert(model)
+    return model.to(dtype)
+
+
 class RLTrainer(Trainer):
     def __init__(self, job_config):
         self.task = check_rl_job(job_config)
@@ -88,10 +100,8 @@ class RLTrainer(Trainer):
 
     def _policy_copy(self):
         """The recipe's model built and converted again (for the vLLM engine; weights come by load_weights)."""
-        with torch.device(self.device):
-            model = self.train_spec.model_cls(self.model_args)
-        build_model_converters(self.job_config, self.parallel_dims).convert(model)
-        return model.to(next(self.model_parts[0].parameters()).dtype)
+        return build_converted(self.job_config, self.device, next(self.model_parts[0].parameters()).dtype,
+                               self.parallel_dims)
 
     def _amp(self):
         """torchtitan's autocast for fast mode; the consistent kernels compute in FP32 themselves."""
@@ -121,23 +131,20 @@ class RLTrainer(Trainer):
 
     def score(self, model, prompts, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """Trainer logprobs (B, max_new) of each rollout token and the entropy (B, max_new) of the distribution
-        it was drawn from: whole right-padded sequences, one forward."""
+        it was drawn from: every whole sequence in one forward, right-padded rows or packed (rl.rescoring)."""
         cfg = self.job_config.rl
         seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
-        width = max(len(s) for s in seqs)
-        tokens = torch.full((len(seqs), width), self.task.vocab.eos, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            tokens[i, :len(s)] = torch.tensor(s)
-        tokens = tokens.to(self.device)
-        positions = torch.arange(width, device=self.device).expand(len(seqs), -1)
+        batch = layout(seqs, self.task.vocab.eos, cfg.rescoring == "packed", self.device)
         ops = kernels(cfg.consistent)
         with self._amp():
-            logprobs = forward(model, tokens, positions, ops)
+            logprobs = forward(model, batch.tokens, batch.positions, ops, documents=batch.documents)
         steps = ro.tokens.shape[1]
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        cols = (lengths[:, None] - 1 + torch.arange(steps, device=self.device)).clamp(max=width - 1)
-        picked = tempered(logprobs[torch.arange(len(seqs), device=self.device)[:, None], cols], cfg.temperature,
-                          ops.log_softmax)
+        # past a response's end the columns repeat its last one (masked out of every statistic)
+        ends = batch.col + torch.tensor([len(s) for s in seqs], device=self.device) - 1
+        cols = torch.minimum(batch.col[:, None] + lengths[:, None] - 1 + torch.arange(steps, device=self.device),
+                             ends[:, None])
+        picked = tempered(logprobs[batch.row[:, None], cols], cfg.temperature, ops.log_softmax)
         return picked.gather(-1, ro.tokens.to(self.device)[..., None]).squeeze(-1), grpo.entropy(picked)
 
     def rl_step(self) -> dict:

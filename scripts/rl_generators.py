@@ -1,0 +1,135 @@
+"""Trainer/rollout mismatch of the three rollout paths, on the CPU, for docs/rl.md's generator table:
+
+    .venv-vllm/bin/python -m scripts.rl_generators [--seeds 5] [--json OUT.json]
+
+The RL recipe's model (configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml at the `tiny` flavor, FP32, built
+and converted by the recipe's converters) is first taught the copy task by teacher forcing (so its logprobs are
+far from uniform: a near-uniform policy hides mismatch), once per activation scaling (row: the RL base point;
+tensor: per-tensor amaxes, as the all-Linears recipes use). Then, per seed, the same prompts are rolled out by the
+native generator in fast mode, the native generator in consistent mode and the vLLM engine, and each rollout is
+re-scored by the trainer's forward in the matching mode; the table gives the mean over seeds of the max and mean
+|logp difference| and the k3 KL over response tokens, with a 95% t-interval.
+"""
+
+import argparse
+import json
+import random
+
+import torch
+from torchtitan.config.manager import ConfigManager
+from torchtitan.protocols.train_spec import get_train_spec
+
+from titan_fp4six.compare.stats import mean_interval
+from titan_fp4six.integration import cpu
+from titan_fp4six.rl import grpo
+from titan_fp4six.rl.experts import ExpertWeightCache, cached_experts
+from titan_fp4six.rl.forward import forward, kernels
+from titan_fp4six.rl.generator import generate
+from titan_fp4six.rl.task import CopyTask, Vocabulary
+from titan_fp4six.rl.trainer import build_converted
+from titan_fp4six.rl.vllm_generator import VLLMGenerator
+
+RECIPE = "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml"
+PROMPTS, GROUP = 16, 4
+
+
+def job(scaling: str):
+    return ConfigManager().parse_args(["--job.config_file", RECIPE, "--model.flavor", "tiny",
+                                       "--training.mixed_precision_param", "float32",
+                                       "--quantize.grouped_mm.four_over_six.activation_scaling", scaling])
+
+
+def teach(model, task: CopyTask, steps: int, seed: int) -> float:
+    """Teacher-forced copy task (the response and <eos> after each prompt); returns the last loss."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        prompts = task.prompts(32, rng)
+        seqs = torch.tensor([p + p[1:1 + task.length] + [task.vocab.eos] for p in prompts])
+        positions = torch.arange(seqs.shape[1]).expand(seqs.shape[0], -1)
+        logprobs = forward(model, seqs[:, :-1], positions[:, :-1], kernels(False))
+        start = task.length + 1  # the "=" predicts the first copied symbol
+        picked = logprobs[:, start:].gather(-1, seqs[:, start + 1:, None]).squeeze(-1)
+        loss = -picked.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(loss)
+
+
+def rescore(model, prompts, ro, consistent: bool) -> torch.Tensor:
+    seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
+    width = max(map(len, seqs))
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.tensor(s)
+    with torch.no_grad():
+        lp = forward(model, tokens, torch.arange(width).expand(len(seqs), -1), kernels(consistent))
+    out = torch.zeros_like(ro.logprobs)
+    for i, p in enumerate(prompts):
+        n = int(ro.mask[i].sum())
+        out[i, :n] = lp[i, len(p) - 1 + torch.arange(n), ro.tokens[i, :n]]
+    return out
+
+
+def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
+    cfg = job(scaling)
+    task = CopyTask(Vocabulary.from_tokenizer(cfg.model.hf_assets_path, cfg.rl.alphabet), cfg.rl.task_length)
+    torch.manual_seed(0)
+    model = build_converted(cfg, "cpu", torch.float32)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    loss = teach(model, task, teach_steps, seed=0)
+    args = get_train_spec(cfg.model.name).model_args[cfg.model.flavor]
+    vllm = VLLMGenerator(lambda: build_converted(cfg, "cpu", torch.float32), args, max_len=cfg.training.seq_len,
+                         max_seqs=PROMPTS * GROUP, eos_id=task.vocab.eos, dtype=torch.float32, seed=0)
+    vllm.load_weights(model)
+    rows = {name: [] for name in ("native fast", "native consistent", "vLLM")}
+    rewards = []
+    sampling = dict(max_new_tokens=task.max_new_tokens(), stop_ids=(task.vocab.eos,), pad_id=task.vocab.eos)
+    for seed in range(seeds):
+        prompts = [p for p in task.prompts(PROMPTS, random.Random(100 + seed)) for _ in range(GROUP)]
+        for name in rows:
+            gen = torch.Generator().manual_seed(seed)
+            if name == "vLLM":
+                ro = vllm.generate(prompts, generator=gen, **sampling)
+            else:
+                cache = ExpertWeightCache()
+                consistent = name == "native consistent"
+                with cached_experts(model, cache) if not consistent else torch.no_grad():
+                    ro = generate(model, prompts, ops=kernels(consistent, cache), generator=gen, **sampling)
+            m = grpo.mismatch(rescore(model, prompts, ro, name == "native consistent"), ro.logprobs, ro.mask)
+            m["logp"] = float(ro.logprobs[ro.mask].mean())
+            rows[name].append(m)
+            if name == "vLLM":
+                rewards.append(sum(task.reward(p, ro.tokens[i][ro.mask[i]].tolist()) for i, p in enumerate(prompts))
+                               / len(prompts))
+    vllm.shutdown()
+    return {"teach_loss": loss, "reward": sum(rewards) / len(rewards), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--teach-steps", type=int, default=150)
+    parser.add_argument("--json")
+    a = parser.parse_args()
+    cpu.apply()
+    results = {s: measure(s, a.seeds, a.teach_steps) for s in ("row", "tensor")}
+    fmt = lambda e: f"{e.mean:.2e} [{e.low:.2e}, {e.high:.2e}]"  # noqa: E731
+    print(f"| activation scaling | generator | max \\|dlogp\\| | mean \\|dlogp\\| | k3 KL | mean rollout logp |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for scaling, r in results.items():
+        for name, ms in r["rows"].items():
+            cols = [fmt(mean_interval([m[k] for m in ms])) for k in ("mismatch_max", "mismatch_mean", "mismatch_kl")]
+            print(f"| {scaling} | {name} | {' | '.join(cols)} | {sum(m['logp'] for m in ms) / len(ms):.3f} |")
+    for scaling, r in results.items():
+        print(f"{scaling}: teacher-forced loss {r['teach_loss']:.3f}, vLLM rollout reward {r['reward']:.3f}, "
+              f"{a.seeds} seeds x {PROMPTS * GROUP} rollouts")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
