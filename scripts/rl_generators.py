@@ -111,7 +111,7 @@ def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--teach-steps", type=int, default=150)
+    parser.add_argument("--teach-steps", type=int, default=20)
     parser.add_argument("--json")
     a = parser.parse_args()
     cpu.apply()

@@ -66,6 +66,7 @@ EXPECTED = {
         {**{n: NVFP4_ALL_LINEARS.resolve(grouped=True) for n in _experts(range(8))},
          **{n: NVFP4_ALL_LINEARS.resolve(grouped=False) for n in _qwen3_linears(range(8))}},
     "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(8))},
+    "rl_grpo_qwen3_30b_a3b_varlen_nvfp4_four_over_six.toml": {n: RL_BASE for n in _experts(range(48))},
     "deepseek_v3_debugmodel_nvfp4_four_over_six_full.toml":
         _full(FULL, _deepseek_linears(range(1, 5)), _experts(range(1, 5))),
     "deepseek_v3_debugmodel_nvfp4_full.toml": _full(NVFP4_FULL, _deepseek_linears(range(1, 5)), _experts(range(1, 5))),

@@ -24,6 +24,15 @@ def test_qwen3_30b_a3b_dry_run_reports_experts_and_memory(capsys):
     assert "quantized layers.N.moe.experts: 48 modules" in out and "min GPUs: 8" in out
 
 
+def test_the_30b_rl_recipe_passes_its_dry_run_with_vllm_rollouts_and_packed_rescoring(capsys):
+    recipe = RECIPE.replace("qwen3_30b_a3b_nvfp4_four_over_six", "rl_grpo_qwen3_30b_a3b_varlen_nvfp4_four_over_six")
+    config, _, _ = dry_run.build_and_convert(["--job.config_file", recipe])
+    assert (config.rl.generator, config.rl.rescoring, config.rl.consistent) == ("vllm", "packed", False)
+    dry_run.main(["--job.config_file", recipe, "--gpu-memory-gib", "141"])
+    out = capsys.readouterr().out
+    assert "quantized layers.N.moe.experts: 48 modules" in out and "min GPUs: 4" in out
+
+
 @pytest.mark.parametrize("args, match", [
     ([], r"--job.config_file RECIPE.toml is required"),
     (["--job.config_file", RECIPE, "--gpu-memory-gib", "-5"], r"--gpu-memory-gib -5: the memory per GPU must be > 0"),

@@ -52,7 +52,8 @@ def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, 
 
 def mismatch(trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
     """max and mean |trainer - rollout| logprob over response tokens, and KL(rollout || trainer) (k3)."""
-    diff = (trainer_logprobs.detach().float() - rollout_logprobs.float())[mask]
+    # float64: the k3 term of differences near FP32's resolution would round to 0 in FP32
+    diff = (trainer_logprobs.detach().double() - rollout_logprobs.double())[mask]
     if diff.numel() == 0:
         return {"mismatch_max": 0.0, "mismatch_mean": 0.0, "mismatch_kl": 0.0}
     kl = torch.exp(diff) - diff - 1

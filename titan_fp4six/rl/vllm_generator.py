@@ -64,8 +64,8 @@ def check_engine(model_args, flavor: str, cpu: bool) -> None:
 
 
 class VLLMModel(nn.Module):
-    """The vLLM model interface (forward over vLLM's flattened tokens, compute_logits, load_weights) around the
-    converted torchtitan model."""
+    """The vLLM model interface (forward over vLLM's flattened tokens, compute_logits) around the converted
+    torchtitan model; vLLM's dummy loader leaves its weights alone, the trainer's come by copy_weights_from."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
@@ -98,15 +98,6 @@ class VLLMModel(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(self.titan.output, self.ops.norm(self.titan.norm, hidden_states)).float()
-
-    def load_weights(self, weights) -> set[str]:
-        """vLLM's loader path (unused: the engine starts from dummy weights and takes the trainer's in memory)."""
-        params = dict(self.titan.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            params[name].data.copy_(tensor)
-            loaded.add(f"titan.{name}")
-        return loaded
 
     def copy_weights_from(self, model: nn.Module) -> None:
         """The trainer model's state (parameters and the routers' expert_bias buffers) into this one, in place;
