@@ -166,9 +166,9 @@ def embed(model, ops: _Kernels, tokens: Tensor) -> Tensor:
     return h if ops.activation_dtype is None else h.to(ops.activation_dtype)
 
 
-def logprobs_of(model, ops: _Kernels, h: Tensor) -> Tensor:
-    """The final norm, the LM head and the log-softmax (FP32) of hidden states h."""
-    return ops.log_softmax(ops.linear(model.output, ops.norm(model.norm, h)))
+def logits_of(model, ops: _Kernels, h: Tensor) -> Tensor:
+    """The final norm and the LM head on hidden states h."""
+    return ops.linear(model.output, ops.norm(model.norm, h))
 
 
 @dataclass
@@ -217,4 +217,4 @@ def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCa
         attend = functools.partial(_attention, layer.attention, ops, allowed=allowed, positions=positions,
                                    cache_k=ck, cache_v=cv)
         h = decoder_layer(layer, ops, h, model.rope_cache, positions, attend)
-    return logprobs_of(model, ops, h)
+    return ops.log_softmax(logits_of(model, ops, h))

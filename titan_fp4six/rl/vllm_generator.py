@@ -24,7 +24,7 @@ from torch import nn
 
 from ..ops.stats import MAP4_STATS
 from .experts import ExpertWeightCache, cached_experts
-from .forward import decoder_layer, embed, kernels
+from .forward import decoder_layer, embed, kernels, logits_of
 from .generator import Rollout
 
 ARCHITECTURE = "TitanFp4sixQwen3ForCausalLM"
@@ -97,7 +97,7 @@ class VLLMModel(nn.Module):
         return h[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(self.titan.output, self.ops.norm(self.titan.norm, hidden_states)).float()
+        return logits_of(self.titan, self.ops, hidden_states).float()
 
     def copy_weights_from(self, model: nn.Module) -> None:
         """The trainer model's state (parameters and the routers' expert_bias buffers) into this one, in place;
