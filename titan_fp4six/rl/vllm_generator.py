@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..integration.hf_config import qwen3_config
 from ..ops.stats import MAP4_STATS
 from .experts import ExpertWeightCache, cached_experts
 from .forward import decoder_layer, embed, kernels, logits_of
@@ -42,6 +43,12 @@ def import_vllm():
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
         raise ValueError("rl.generator='vllm' runs the engine in this process: unset VLLM_ENABLE_V1_MULTIPROCESSING "
                          f"or set it to 0 (got {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})")
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        # vLLM's sampler torch.compiles a helper (its logprob ranks), and Inductor's C++ code for it uses
+        # at::vec types that the default-capability build does not declare: compile it scalar
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.simdlen = 1
     try:
         import vllm
     except ImportError as e:
@@ -106,23 +113,6 @@ class VLLMModel(nn.Module):
         self.expert_cache.invalidate()
 
 
-def hf_text_config(model_args, max_len: int, eos_id: int) -> dict:
-    """The config.json vLLM reads for the engine's bookkeeping (sizes, heads, positions) of a torchtitan Qwen3
-    model; VLLMModel itself is built from the torchtitan model args."""
-    a = model_args
-    config = {"architectures": [ARCHITECTURE], "model_type": "qwen3_moe" if a.moe_enabled else "qwen3",
-              "vocab_size": a.vocab_size, "hidden_size": a.dim, "intermediate_size": a.hidden_dim,
-              "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
-              "head_dim": a.head_dim, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
-              "max_position_embeddings": max_len, "tie_word_embeddings": a.enable_weight_tying,
-              "attention_bias": False, "hidden_act": "silu", "eos_token_id": eos_id, "bos_token_id": eos_id}
-    if a.moe_enabled:
-        config.update(moe_intermediate_size=a.moe_inter_dim, num_experts=a.moe_args.num_experts,
-                      num_experts_per_tok=a.moe_args.top_k, norm_topk_prob=a.moe_args.route_norm,
-                      decoder_sparse_step=1, mlp_only_layers=[])
-    return config
-
-
 class VLLMGenerator:
     """An in-process vLLM engine over the converted model `build()` returns; `generate` has the native
     generator's arguments and returns its Rollout."""
@@ -136,7 +126,10 @@ class VLLMGenerator:
         if ARCHITECTURE not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(ARCHITECTURE, VLLMModel)
         self._folder = tempfile.TemporaryDirectory(prefix="titan_fp4six_vllm_")
-        Path(self._folder.name, "config.json").write_text(json.dumps(hf_text_config(model_args, max_len, eos_id)))
+        # sizes, heads and positions for vLLM's bookkeeping; VLLMModel itself is built from the torchtitan model
+        config = qwen3_config(model_args, architecture=ARCHITECTURE, max_positions=max_len, eos_id=eos_id,
+                              bos_id=eos_id, dtype=str(dtype).removeprefix("torch."))
+        Path(self._folder.name, "config.json").write_text(json.dumps(config))
         a = model_args
         # keys and values of max_seqs whole sequences, a quarter more for block rounding (vLLM's CPU default
         # takes most of the machine's memory)
