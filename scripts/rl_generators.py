@@ -23,7 +23,7 @@ from titan_fp4six.compare.stats import mean_interval
 from titan_fp4six.integration import cpu
 from titan_fp4six.rl import grpo
 from titan_fp4six.rl.experts import ExpertWeightCache, cached_experts
-from titan_fp4six.rl.forward import forward, kernels
+from titan_fp4six.rl.forward import forward, kernels, layout
 from titan_fp4six.rl.generator import generate
 from titan_fp4six.rl.task import CopyTask, Vocabulary
 from titan_fp4six.rl.trainer import build_converted
@@ -58,13 +58,11 @@ def teach(model, task: CopyTask, steps: int, seed: int) -> float:
 
 
 def rescore(model, prompts, ro, consistent: bool) -> torch.Tensor:
+    """The trainer's logprob of each rollout token (right-padded re-scoring, the trainer's default)."""
     seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
-    width = max(map(len, seqs))
-    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = torch.tensor(s)
+    b = layout(seqs, pad_id=0, packed=False, device="cpu")
     with torch.no_grad():
-        lp = forward(model, tokens, torch.arange(width).expand(len(seqs), -1), kernels(consistent))
+        lp = forward(model, b.tokens, b.positions, kernels(consistent))
     out = torch.zeros_like(ro.logprobs)
     for i, p in enumerate(prompts):
         n = int(ro.mask[i].sum())
