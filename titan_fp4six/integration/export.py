@@ -25,6 +25,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
 from . import job_config as _job_config  # noqa: F401  (registers the plugin's sections and flavors)
+from .flavors import check_flavor
 from .hf_config import check_hf_equivalent, qwen3_config
 
 FORMATS = ("bf16",)
@@ -33,11 +34,8 @@ _UNMAPPED = ("moe.expert_bias", "moe.tokens_per_expert")
 """torchtitan model state the HF names do not hold (checked: the bias must be zero; the counts are statistics)."""
 
 
-def load_checkpoint(job_config, checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
-    """The recipe's model state (FP32, on the CPU) read from a torchtitan DCP folder, and the model args."""
-    spec = get_train_spec(job_config.model.name)
-    args = spec.model_args[job_config.model.flavor]
-    args.update_from_config(job_config)
+def load_checkpoint(job_config, spec, args, checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The recipe's model state (FP32, on the CPU) read from a torchtitan DCP folder."""
     with torch.device("cpu"):
         model = spec.model_cls(args)
     state = {k: v.float() for k, v in model.state_dict().items()}
@@ -48,16 +46,16 @@ def load_checkpoint(job_config, checkpoint: Path) -> tuple[dict[str, torch.Tenso
     except (Exception, CheckpointException) as e:  # a missing key or another model's shape (DCP's BaseException)
         raise ValueError(f"--checkpoint {checkpoint} does not hold the model of {job_config.job.config_file} "
                          f"(model.name={job_config.model.name!r}, flavor={job_config.model.flavor!r}): {e}") from e
-    return state, args
+    return state
 
 
-def hf_state(job_config, state: dict[str, torch.Tensor], args, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def hf_state(spec, state: dict[str, torch.Tensor], args, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     biased = [k for k, v in state.items() if k.endswith("moe.expert_bias") and bool(v.any())]
     if biased:
         raise ValueError(f"the checkpoint's routers have a learned bias ({biased[0]}, ...: load balancing, "
                          "moe_args.load_balance_coeff) that Hugging Face Qwen3-MoE cannot hold: the exported model "
                          "would route differently")
-    adapter = get_train_spec(job_config.model.name).state_dict_adapter(args, None)
+    adapter = spec.state_dict_adapter(args, None)
     kept = {k: v for k, v in state.items() if not k.endswith(_UNMAPPED)}
     return {k: v.to(dtype).contiguous() for k, v in adapter.to_hf(kept).items()}
 
@@ -67,14 +65,16 @@ def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
         raise ValueError(f"--format {fmt!r}; valid: {', '.join(FORMATS)}")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty; pass a new folder")
-    spec_args = get_train_spec(job_config.model.name).model_args.get(job_config.model.flavor)
-    check_hf_equivalent(job_config.model.name, spec_args)
+    check_flavor(job_config)
+    spec = get_train_spec(job_config.model.name)
+    args = spec.model_args[job_config.model.flavor]
+    args.update_from_config(job_config)
+    check_hf_equivalent(job_config.model.name, args)
     assets = Path(job_config.model.hf_assets_path)
     missing = [f for f in TOKENIZER_FILES if not (assets / f).exists()]
     if missing:
         raise ValueError(f"model.hf_assets_path={str(assets)!r} lacks the tokenizer files {missing}")
-    state, args = load_checkpoint(job_config, checkpoint)
-    tensors = hf_state(job_config, state, args, torch.bfloat16)
+    tensors = hf_state(spec, load_checkpoint(job_config, spec, args, checkpoint), args, torch.bfloat16)
     tokenizer = json.loads((assets / "tokenizer_config.json").read_text())
     vocab = json.loads((assets / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in vocab.get("added_tokens", [])} | vocab["model"]["vocab"]
