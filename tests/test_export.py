@@ -97,3 +97,72 @@ def test_the_bf16_export_loads_in_transformers_with_the_models_logits(tmp_path):
         ours, theirs = model(tokens).float(), hf(tokens).logits.float()
     # the same FP32 model through other kernels (attention, RMSNorm, the experts' loop): a few ulps of logits ~1
     assert (ours - theirs).abs().max().item() < 1e-4
+
+
+ALL_LINEARS = str(REPO / "configs" / "qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml")
+
+
+def _all_linears_job(*extra):
+    return ConfigManager().parse_args(["--job.config_file", ALL_LINEARS, "--model.flavor", "tiny",
+                                       "--model.hf_assets_path", str(REPO / "titan_fp4six/integration/embedded"),
+                                       *extra])
+
+
+def test_nvfp4_export_holds_each_converted_weight_as_the_training_forward_quantizes_it(tmp_path):
+    from titan_fp4six.integration.export import converted_model
+    from titan_fp4six.numerics.reference import decode_block_scaled_reference, global_decode_factor
+    from titan_fp4six.ops import quantize_grouped_weight, quantize_linear_weight
+
+    job = _all_linears_job()
+    model, folder = _checkpoint(tmp_path, job)
+    out = export.export(job, folder, tmp_path / "hf", "nvfp4")
+    tensors = load_file(str(out / "model.safetensors"))
+    q = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert q["quant_method"] == "four_over_six" and q["weights_quantized_from"] == "bfloat16"
+    assert q["modules"]["model.layers.0.self_attn.q_proj"] == {"err_mode": "mse", "scale_bound": 256,
+                                                               "weight_block": "16x16", "activation_scaling": "tensor",
+                                                               "scope": "all"}
+    assert {"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"} == set(q["ignore"])
+    spec = get_train_spec("qwen3")
+    args = spec.model_args["tiny"]
+    trainer = converted_model(job, spec, args, model.state_dict())
+    checked = 0
+    for hf, fqn in [("model.layers.1.self_attn.k_proj", "layers.1.attention.wk"),
+                    ("model.layers.0.self_attn.o_proj", "layers.0.attention.wo")]:
+        mod = trainer.get_submodule(fqn)
+        qw = quantize_linear_weight(mod.weight.to(torch.bfloat16), recipe=mod.recipe)
+        assert torch.equal(tensors[f"{hf}.weight"], qw.codes)
+        assert torch.equal(tensors[f"{hf}.weight_scale"].view(torch.uint8), qw.scales.view(torch.uint8))
+        assert torch.equal(tensors[f"{hf}.weight_scale_2"], global_decode_factor(qw.amax, 256).reshape(1))
+        # 16x16 tiles: one scale per tile, written on each of its 16 rows
+        tiles = tensors[f"{hf}.weight_scale"].view(torch.uint8).view(-1, 16, tensors[f"{hf}.weight_scale"].shape[1])
+        assert torch.equal(tiles, tiles[:, :1].expand_as(tiles))
+        decoded = decode_block_scaled_reference(tensors[f"{hf}.weight"], tensors[f"{hf}.weight_scale"])
+        assert torch.equal(decoded, qw.decoded)  # the trainer's bf16 block-scaled decode, bit for bit
+        checked += 1
+    experts = trainer.get_submodule("layers.0.moe.experts")
+    for name, hf_name in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+        w = getattr(experts, name).to(torch.bfloat16)
+        qw = quantize_grouped_weight(w.transpose(-2, -1), recipe=experts.recipe)
+        n = w.shape[1]
+        for e in (0, 5):
+            prefix = f"model.layers.0.mlp.experts.{e}.{hf_name}"
+            assert torch.equal(tensors[f"{prefix}.weight"], qw.codes[e * n:(e + 1) * n])
+            assert torch.equal(tensors[f"{prefix}.weight_scale"].view(torch.uint8),
+                               qw.scales[e * n:(e + 1) * n].view(torch.uint8))
+            assert torch.equal(tensors[f"{prefix}.weight_scale_2"], global_decode_factor(qw.amax[e], 256).reshape(1))
+            checked += 1
+    assert checked == 8
+    assert tensors["lm_head.weight"].dtype == tensors["model.layers.0.mlp.gate.weight"].dtype == torch.bfloat16
+
+
+def test_nvfp4_export_refuses_what_vllm_would_run_differently(tmp_path):
+    job = _all_linears_job("--quantize.linear.four_over_six.filter_fqns", "output,router.gate,wk")
+    _, folder = _checkpoint(tmp_path, job)
+    with pytest.raises(ValueError, match=r"vLLM runs q_proj, k_proj, v_proj of model.layers.0.self_attn as one "
+                                         r"fused layer .*k_proj: bf16"):
+        export.export(job, folder, tmp_path / "a", "nvfp4")
+    head = _all_linears_job("--quantize.linear.four_over_six.filter_fqns", "router.gate")
+    with pytest.raises(ValueError, match=r"output is converted, but vLLM runs lm_head unquantized"):
+        export.export(head, folder, tmp_path / "b", "nvfp4")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -83,8 +83,8 @@ def test_padded_groups_are_multiples_of_the_alignment(monkeypatch):
     seen = []
     import titan_fp4six.modules.experts as mod
 
-    real = mod.run_experts
-    monkeypatch.setattr(mod, "run_experts", lambda *a, **k: seen.append((a[3].shape[0], a[4].clone())) or real(*a, **k))
+    real = mod.experts_forward
+    monkeypatch.setattr(mod, "experts_forward", lambda *a, **k: seen.append((a[0].shape[0], a[1].clone())) or real(*a, **k))
     e = convert_experts(_experts(), FourOverSixRecipe())
     e(_x(int(COUNTS.sum())), COUNTS)
     rows, sizes = seen[0]

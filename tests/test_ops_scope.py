@@ -80,10 +80,9 @@ def test_pad_multiple_pads_token_groups(monkeypatch):
             raise AssertionError("the converted class runs its own forward")
 
     seen = []
-    run = experts_module.run_experts
-    monkeypatch.setattr(experts_module, "run_experts",
-                        lambda w1, w2, w3, x, sizes, recipe, **kw: seen.append(sizes.tolist()) or
-                        run(w1, w2, w3, x, sizes, recipe, **kw))
+    run = experts_module.experts_forward
+    monkeypatch.setattr(experts_module, "experts_forward",
+                        lambda x, sizes, mm, **kw: seen.append(sizes.tolist()) or run(x, sizes, mm, **kw))
     mod = convert_experts(Experts(), FourOverSixRecipe(), pad_multiple=48)
     mod(torch.randn(20, 64), torch.tensor([5, 15]))
     assert mod.pad_multiple == 48 and seen == [[48, 48]]

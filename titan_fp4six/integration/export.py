@@ -2,18 +2,29 @@
 load: config.json (Qwen3 / Qwen3-MoE), the recipe's tokenizer files, model.safetensors (torchtitan's own
 state-dict adapter names the tensors).
 
-    python -m titan_fp4six.export --job.config_file RECIPE --checkpoint DIR --out OUT [--format bf16]
+    python -m titan_fp4six.export --job.config_file RECIPE --checkpoint DIR --out OUT [--format bf16|nvfp4]
         [--section.key value ...]
 
 --format bf16: every weight as the trainer holds it, cast to bf16 (a plain HF checkpoint; the converted modules'
-weights are high-precision weights in training too). DIR is a torchtitan checkpoint folder (a `step-N` DCP folder;
-model-only or full). Everything is checked before anything is written: the model family and routing the HF classes
-compute, a router bias (`moe.expert_bias`, learned when load balancing is on) that HF Qwen3-MoE cannot hold,
-checkpoint tensors that do not fit the recipe's model, an existing non-empty OUT.
+weights are high-precision weights in training too).
+--format nvfp4: every module the recipe's converters convert holds its weight as the training forward quantizes
+it (the weight cast to training.mixed_precision_param, then the module's recipe: its exact 4/6 codes and scales)
+in ModelOpt's NVFP4 tensors (ops/checkpoint.py says why that layout); everything else in bf16, listed in
+quantization_config's `ignore`. quantization_config (quant_method "four_over_six", the vLLM plugin's) names every
+quantized module with the knobs its forward needs. vLLM runs a layer's q/k/v (and a dense MLP's gate/up)
+projections as one fused layer with one quantization method, so they must be converted alike; each keeps its
+own global scale (the plugin applies them per partition, where stock loaders take their max).
+
+DIR is a torchtitan checkpoint folder (a `step-N` DCP folder; model-only or full). Everything is checked before
+anything is written: the model family and routing the HF classes compute, a router bias (`moe.expert_bias`,
+learned when load balancing is on) that HF Qwen3-MoE cannot hold, checkpoint tensors that do not fit the
+recipe's model, fused projections converted differently, a quantized module vLLM cannot quantize (the LM head),
+an existing non-empty OUT.
 """
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -21,14 +32,22 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torchtitan.config import ConfigManager
+from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
+from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.protocols.train_spec import get_train_spec
 
+from ..modules.experts import _FourOverSixExperts
+from ..modules.linear import FourOverSixLinear
+from ..ops import quantize_grouped_weight, quantize_linear_weight
+from ..ops.checkpoint import QUANT_METHOD, serving_knobs, weight_tensors
 from . import job_config as _job_config  # noqa: F401  (registers the plugin's sections and flavors)
+from .converters import KINDS, _section
 from .flavors import check_flavor
 from .hf_config import check_hf_equivalent, qwen3_config
 
-FORMATS = ("bf16",)
+FORMATS = ("bf16", "nvfp4")
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Projections vLLM loads into one layer (qkv_proj, gate_up_proj) with one quantization method."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _UNMAPPED = ("moe.expert_bias", "moe.tokens_per_expert")
 """torchtitan model state the HF names do not hold (checked: the bias must be zero; the counts are statistics)."""
@@ -60,6 +79,81 @@ def hf_state(spec, state: dict[str, torch.Tensor], args, dtype: torch.dtype) -> 
     return {k: v.to(dtype).contiguous() for k, v in adapter.to_hf(kept).items()}
 
 
+def converted_model(job_config, spec, args, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The recipe's model on the CPU holding `state`, converted by the recipe's converters (which modules they
+    convert, with which recipe), its quantizers on the CPU's implementations (the same bytes everywhere)."""
+    for kind in KINDS:
+        cfg = _section(job_config, kind)
+        if cfg is not None:
+            cfg.quantizer, cfg.gemm = "auto", "emulated"
+    with torch.device("cpu"):
+        model = spec.model_cls(args)
+    build_model_converters(job_config, None).convert(model)
+    model.load_state_dict(state)
+    return model
+
+
+def _quantized_weights(model: torch.nn.Module, dtype: torch.dtype):
+    """(torchtitan state-dict key, module fqn, its recipe, QuantizedWeight) of every converted module's weight, as
+    the training forward quantizes it from the weight cast to `dtype`; expert weights' codes as (E, N, K/2)."""
+    with torch.no_grad():
+        for fqn, m in model.named_modules():
+            if isinstance(m, FourOverSixLinear):
+                yield f"{fqn}.weight", fqn, m.recipe, quantize_linear_weight(m.weight.to(dtype), recipe=m.recipe)
+            elif isinstance(m, _FourOverSixExperts):
+                for name in ("w1", "w2", "w3"):
+                    w = getattr(m, name).to(dtype)
+                    yield f"{fqn}.{name}", fqn, m.recipe, quantize_grouped_weight(w.transpose(-2, -1), recipe=m.recipe)
+
+
+def _hf_module(hf_weight: str) -> str:
+    """model.layers.1.mlp.experts.3.up_proj.weight -> model.layers.1.mlp.experts; ...q_proj.weight -> ...q_proj."""
+    module = hf_weight.removesuffix(".weight")
+    return re.sub(r"(\.mlp\.experts)\.\d+\..*$", r"\1", module)
+
+
+def nvfp4_state(job_config, spec, args, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """(the HF tensors of --format nvfp4, config.json's quantization_config)."""
+    tensors = hf_state(spec, state, args, torch.bfloat16)
+    adapter = spec.state_dict_adapter(args, None)
+    dtype = TORCH_DTYPE_MAP[job_config.training.mixed_precision_param]
+    modules: dict[str, dict] = {}
+    for key, fqn, recipe, qw in _quantized_weights(converted_model(job_config, spec, args, state), dtype):
+        experts = qw.amax.numel() if qw.amax.dim() else 0
+        codes = qw.codes.view(experts, -1, qw.codes.shape[-1]) if experts else qw.codes
+        for hf_name in adapter.to_hf({key: codes}):
+            module = hf_name.removesuffix(".weight")
+            if module == "lm_head" or module.endswith("embed_tokens"):
+                raise ValueError(f"{fqn} is converted, but vLLM runs {module} unquantized (no quantization "
+                                 "method reaches it): keep it in bf16 (filter_fqns)")
+            e = int(re.search(r"\.experts\.(\d+)\.", hf_name).group(1)) if experts else None
+            rows = slice(None) if e is None else slice(e * codes.shape[1], (e + 1) * codes.shape[1])
+            amax = qw.amax if e is None else qw.amax[e]
+            del tensors[hf_name]
+            for suffix, t in weight_tensors(qw.codes[rows], qw.scales[rows], amax, recipe.scale_bound).items():
+                tensors[f"{module}.{suffix}"] = t
+            modules[_hf_module(hf_name)] = serving_knobs(recipe)
+    check_fused_alike(modules, tensors)
+    ignore = sorted({_hf_module(k) for k in tensors if k.endswith(".weight") and tensors[k].dim() == 2
+                     and "norm" not in k and "embed_tokens" not in k} - set(modules))
+    return tensors, {"quant_method": QUANT_METHOD, "format": "nvfp4", "tensors": "modelopt", "group_size": 16,
+                     "weights_quantized_from": job_config.training.mixed_precision_param,
+                     "modules": dict(sorted(modules.items())), "ignore": ignore}
+
+
+def check_fused_alike(modules: dict[str, dict], tensors: dict[str, torch.Tensor]) -> None:
+    """Projections vLLM fuses (FUSED) must all be quantized with the same knobs, or all stay bf16."""
+    for group in FUSED:
+        suffix = f".{group[0]}.weight"
+        for base in sorted(k.removesuffix(suffix) for k in tensors if k.endswith(suffix)):
+            knobs = [modules.get(f"{base}.{g}") for g in group]
+            if any(k != knobs[0] for k in knobs):
+                described = ", ".join(f"{g}: {'bf16' if k is None else k}" for g, k in zip(group, knobs))
+                raise ValueError(f"vLLM runs {', '.join(group)} of {base} as one fused layer with one quantization "
+                                 f"method, but the recipe quantizes them differently ({described}): convert all of "
+                                 "them alike or none (filter_fqns / fqns)")
+
+
 def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -74,12 +168,19 @@ def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
     missing = [f for f in TOKENIZER_FILES if not (assets / f).exists()]
     if missing:
         raise ValueError(f"model.hf_assets_path={str(assets)!r} lacks the tokenizer files {missing}")
-    tensors = hf_state(spec, load_checkpoint(job_config, spec, args, checkpoint), args, torch.bfloat16)
+    state = load_checkpoint(job_config, spec, args, checkpoint)
+    quantization = None
+    if fmt == "nvfp4":
+        tensors, quantization = nvfp4_state(job_config, spec, args, state)
+    else:
+        tensors = hf_state(spec, state, args, torch.bfloat16)
     tokenizer = json.loads((assets / "tokenizer_config.json").read_text())
     vocab = json.loads((assets / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in vocab.get("added_tokens", [])} | vocab["model"]["vocab"]
     config = qwen3_config(args, architecture=None, max_positions=args.max_seq_len, eos_id=ids[tokenizer["eos_token"]],
                           bos_id=ids[tokenizer["bos_token"]], dtype="bfloat16")
+    if quantization is not None:
+        config["quantization_config"] = quantization
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)

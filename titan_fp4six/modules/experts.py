@@ -39,32 +39,54 @@ _NAMES = ("w1", "w2", "w3")
 _NO_CACHE = (None, None, None)
 
 
-def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, rows: int | None = None,
-                quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
+def experts_forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mm, rows: int | None = None) -> torch.Tensor:
     """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros.
 
-    `rows` is offs[-1] when the caller already knows it (saves a host sync); `quantized`: the weights' cached
-    QuantizedWeights in (w1, w2, w3) order, or Nones."""
+    mm(name, A, offs): the grouped GEMM of A's rows with the experts' weight `name` ("w1", "w3", "w2"); `rows` is
+    offs[-1] when the caller already knows it (saves a host sync)."""
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     if rows is None:
         rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
     xs = x[:rows]
-    q1, q2, q3 = quantized
-    h = F.silu(four_over_six_grouped_mm(xs, w1.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q1))
-    h = h * four_over_six_grouped_mm(xs, w3.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q3)
-    out = four_over_six_grouped_mm(h, w2.transpose(-2, -1), offs, recipe=recipe, quantized_weight=q2).type_as(x)
+    h = F.silu(mm("w1", xs, offs))
+    h = h * mm("w3", xs, offs)
+    out = mm("w2", h, offs).type_as(x)
     return F.pad(out, (0, 0, 0, x.shape[0] - rows))
+
+
+def experts_forward_padded(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mm, align: int) -> torch.Tensor:
+    """experts_forward with each expert's contiguous rows padded to a multiple of `align` (zeros), the padding rows
+    dropped from the output."""
+    x_padded, sizes, dest = pad_token_groups(x, num_tokens_per_expert, align)
+    return experts_forward(x_padded, sizes, mm, rows=x_padded.shape[0]).index_select(0, dest)
+
+
+def _weights_mm(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, recipe: FourOverSixRecipe,
+                quantized: tuple[QuantizedWeight | None, ...]):
+    """experts_forward's mm over the (E, out, in) weights, each with its cached QuantizedWeight or None."""
+    weights = dict(zip(_NAMES, (w1, w2, w3)))
+    cached = dict(zip(_NAMES, quantized))
+
+    def mm(name, A, offs):
+        return four_over_six_grouped_mm(A, weights[name].transpose(-2, -1), offs, recipe=recipe,
+                                        quantized_weight=cached[name])
+    return mm
+
+
+def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
+                num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, rows: int | None = None,
+                quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
+    """experts_forward on the weights w1, w2, w3 (E, out, in); `quantized`: their cached QuantizedWeights in
+    (w1, w2, w3) order, or Nones."""
+    return experts_forward(x, num_tokens_per_expert, _weights_mm(w1, w2, w3, recipe, quantized), rows)
 
 
 def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
                        num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
                        align: int = GROUP_ALIGN,
                        quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
-    """Pad each expert's contiguous rows to a multiple of `align` (zeros), run, and drop the padding rows."""
-    x_padded, sizes, dest = pad_token_groups(x, num_tokens_per_expert, align)
-    return run_experts(w1, w2, w3, x_padded, sizes, recipe, rows=x_padded.shape[0],
-                       quantized=quantized).index_select(0, dest)
+    """experts_forward_padded on the weights w1, w2, w3 (as run_experts)."""
+    return experts_forward_padded(x, num_tokens_per_expert, _weights_mm(w1, w2, w3, recipe, quantized), align)
 
 
 def pad_token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor,

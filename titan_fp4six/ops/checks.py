@@ -91,3 +91,23 @@ def check_offs_values(offs: torch.Tensor, rows: int) -> None:
         raise ValueError(f"offs must be non-negative and non-decreasing (inclusive group ends), got {offs.tolist()}")
     if int(offs[-1]) > rows:
         raise ValueError(f"offs[-1]={int(offs[-1])} exceeds the {rows} rows of A")
+
+
+def check_loaded_weight(x, weight, experts: int, recipe) -> None:
+    """x (M, K) and a QuantizedWeight.loaded of (R, K) codes with one amax (experts=0) or one per expert."""
+    check_recipe(recipe)
+    check_float_tensor(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    rows, half = weight.codes.shape
+    if weight.codes.dtype != torch.uint8 or weight.scales.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"weight codes must be uint8 and scales float8_e4m3fn, got {weight.codes.dtype} and "
+                        f"{weight.scales.dtype}")
+    if x.shape[1] != half * 2 or weight.scales.shape != (rows, half * 2 // BLOCK_SIZE):
+        raise ValueError(f"x has K={x.shape[1]}; the weight's codes {tuple(weight.codes.shape)} and scales "
+                         f"{tuple(weight.scales.shape)} must be (R, K/2) and (R, K/16)")
+    if weight.amax.shape != ((experts,) if experts else ()) or (experts and rows % experts):
+        raise ValueError(f"weight amax of shape {tuple(weight.amax.shape)} for {rows} rows; want "
+                         f"{(experts,) if experts else ()} ({experts or 'no'} experts of equal rows)")
+    check_same_device(("x", x), ("weight codes", weight.codes), ("weight scales", weight.scales),
+                      ("weight amax", weight.amax))

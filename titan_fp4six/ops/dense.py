@@ -14,7 +14,7 @@ from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
-from .checks import check_dense, check_linear_weight
+from .checks import check_dense, check_linear_weight, check_loaded_weight
 from .gemm import gemm_nt
 from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand, quantize_columnwise_row_scaled,
                        quantize_operand, transposed_tiles)
@@ -214,3 +214,12 @@ def four_over_six_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, 
     out = _apply(x.reshape(-1, x.shape[-1]), weight, recipe, quantized_weight)
     out = out.view(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias.to(out.dtype)
+
+
+def loaded_weight_mm(x2d: Tensor, weight: QuantizedWeight, *, recipe: FourOverSixRecipe) -> Tensor:
+    """four_over_six_mm's forward for a weight known only by its quantization (QuantizedWeight.loaded: an inference
+    engine's checkpoint weight, codes (N, K/2)): x2d (M, K) quantized by the recipe, the same op and bytes as
+    training's forward; no autograd."""
+    check_loaded_weight(x2d, weight, 0, recipe)
+    key = recipe.plan(grouped=False).key
+    return dense_fwd_quantized_weight(x2d, weight.codes, weight.scales, weight.decoded, weight.amax, key)[0]

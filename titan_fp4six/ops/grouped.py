@@ -18,7 +18,7 @@ from ..dispatch.quantize import run_dequantize, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
-from .checks import check_expert_weights, check_grouped, check_offs_values
+from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
 from .operands import Operand, quantize_operand, quantize_token_blocks, transposed_tiles
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
@@ -307,3 +307,12 @@ def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: Fo
     if quantized_weight is not None:
         quantized_weight.check(B_t, plan, "B_t")
     return _GroupedFunction.apply(A, B_t, offs, plan, quantized_weight)
+
+
+def loaded_weight_grouped_mm(A: Tensor, offs: Tensor, weight: QuantizedWeight, *, recipe: FourOverSixRecipe) -> Tensor:
+    """four_over_six_grouped_mm's forward for expert weights known only by their quantization (QuantizedWeight.loaded:
+    codes (E*N, K/2), amax (E,), an inference engine's checkpoint): A (M, K) by token groups offs, the same op and
+    bytes as training's forward; no autograd."""
+    check_loaded_weight(A, weight, offs.numel(), recipe)
+    key = recipe.plan(grouped=True).key
+    return grouped_fwd_quantized_weight(A, offs, weight.codes, weight.scales, weight.decoded, weight.amax, key)[0]

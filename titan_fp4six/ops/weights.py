@@ -31,6 +31,12 @@ class QuantizedWeight:
     amax: Tensor
     source: tuple
 
+    @classmethod
+    def loaded(cls, codes: Tensor, scales: Tensor, amax: Tensor) -> "QuantizedWeight":
+        """A weight known only by its quantization, as an inference checkpoint holds it (ops/checkpoint.py): no
+        decode (the emulated GEMM decodes the codes) and no high-precision weight to check against."""
+        return cls(codes, scales, None, amax, ("loaded", tuple(codes.shape), codes.device))
+
     def check(self, weight: Tensor, plan: GemmPlan, name: str) -> None:
         """Raise unless this was made from a weight like `weight` with the recipe whose plan the op runs."""
         want = _source(weight, plan)
