@@ -586,3 +586,18 @@ def test_grouped_stochastic_rounding_with_wgrad_rht():
     assert torch.equal(da1, da2) and torch.equal(dw1, dw2)
     _, dw_nearest = _grouped_grads(A, W, offs, dy, FourOverSixRecipe(backward="quantized", wgrad_rht=True), 4)
     assert not torch.equal(dw1, dw_nearest)
+
+
+@pytest.mark.parametrize("args", [(1.5, 1), ("7", 1), (torch.tensor(3), 1), (1, 1.9), (2 ** 64, 1), (-1, 1),
+                                  (True, 1), (1, 1, 0.5)])
+def test_set_rounding_seed_refuses_what_would_alias_another_seed(args):
+    with pytest.raises(ValueError, match=r"set_rounding_seed: \w+=.*; it must be an int in \[0, 2\*\*64\)"):
+        set_rounding_seed(*args)
+    set_rounding_seed(2 ** 64 - 1, 0)  # the largest seed is taken
+    set_rounding_seed(0, 0)
+
+
+def test_stochastic_rounding_with_a_backward_that_quantizes_nothing_names_the_fix():
+    with pytest.raises(ValueError, match=r"use backward='quantized' \('auto' resolves to it for per-tensor dense "
+                                         r"GEMMs only\)"):
+        FourOverSixRecipe(gradient_rounding="stochastic", backward="high_precision")

@@ -16,9 +16,10 @@ from .version import trainer_config
 
 
 def run_seed(job_config) -> int:
-    """torchtitan's debug.seed, 0 when unset (or for a config without a debug section)."""
+    """torchtitan's debug.seed, 0 when unset (or for a config without a debug section); a negative seed as its
+    64-bit two's complement (torch.manual_seed's reading of it)."""
     seed = getattr(getattr(job_config, "debug", None), "seed", None)
-    return 0 if seed is None else int(seed)
+    return 0 if seed is None else int(seed) % 2 ** 64
 
 
 def _rank() -> int:

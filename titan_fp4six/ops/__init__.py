@@ -10,4 +10,5 @@ from .weights import QuantizedWeight
 
 __all__ = ["FourOverSixRecipe", "GRADIENT_ROUNDING", "MAP4_STATS", "Map4Stats", "QuantizedWeight",
            "decode_grouped_activations", "four_over_six_grouped_mm", "four_over_six_linear", "four_over_six_mm",
-           "loaded_weight_grouped_mm", "loaded_weight_mm", "quantize_grouped_weight", "quantize_linear_weight", "set_rounding_seed"]
+           "loaded_weight_grouped_mm", "loaded_weight_mm", "quantize_grouped_weight", "quantize_linear_weight",
+           "set_rounding_seed"]

@@ -63,7 +63,8 @@ class FourOverSixRecipe:
         if self.gradient_rounding == "stochastic" and self.backward in ("high_precision", "dequantized"):
             raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
                              f"gradient, but FourOverSixRecipe.backward={self.backward!r} quantizes none; use "
-                             f"backward='quantized' or 'auto', or gradient_rounding='nearest'")
+                             f"backward='quantized' ('auto' resolves to it for per-tensor dense GEMMs only), or "
+                             f"gradient_rounding='nearest'")
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
         # takes a lock, which torch.compile cannot trace).
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))

@@ -38,8 +38,14 @@ class GradientRoundingSeed:
         self.set(0, 0)
 
     def set(self, seed: int, step: int, rank: int = 0) -> None:
-        """Start a step: its seeds come from (seed, step, rank) and the call index, which restarts at 0."""
-        self.seed, self.step, self.rank, self.calls = int(seed), int(step), int(rank), 0
+        """Start a step: its seeds come from (seed, step, rank) and the call index, which restarts at 0. Each is
+        an int in [0, 2^64): the hash reads 64 bits, so anything else (a float, a string, a bigger int) would
+        silently alias another seed."""
+        for name, value in (("seed", seed), ("step", step), ("rank", rank)):
+            if type(value) is not int or not 0 <= value <= _M64:
+                raise ValueError(f"set_rounding_seed: {name}={value!r} ({type(value).__name__}); it must be an int "
+                                 f"in [0, 2**64)")
+        self.seed, self.step, self.rank, self.calls = seed, step, rank, 0
 
     def next(self) -> int:
         """The seed of the next stochastically rounded quantization."""
