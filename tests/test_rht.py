@@ -87,14 +87,18 @@ def test_wide_blocks_differ_from_the_matmul_only_by_fp32_rounding(dtype=torch.bf
 
 
 def test_edge_data_equals_transformer_engine():
-    """bf16 zeros (a zero result is +0, as the matmul's), -0, NaN and Inf (NaN compared as NaN), single non-zeros,
+    """bf16 zeros (a zero result is +0, as the matmul's where it does not flush), -0, NaN and Inf (NaN compared as NaN), single non-zeros,
     sums that cancel, random normal values: bitwise TE's. Subnormal inputs: the exact sum rounded
     once (FP32 keeps every term exactly; the CPU's bf16 matmul flushes them to zero, not part of TE's formula).
     The dtype's largest values break the condition (e_max <= 125): an unscaled partial sum may overflow."""
     x = edge_matrix(torch.bfloat16, torch.Generator().manual_seed(3))
     got, want = rht16_columns_reference(x), te_rht_columns(x)
-    for cols in ([0, 1, 2, 3, 4, 8, 9, 10], range(11, 48)):
+    for cols in ([0, 1, 2, 3, 4, 8, 9], range(11, 48)):
         assert same_bits(got[:, cols], want[:, cols])
+    # column 10 mixes 1.0 with the smallest normals, whose quarters the CPU's bf16 matmul flushes: where 1/4 - 1/4
+    # cancels, the sign of its zero is the kernel's (+0 on Intel, -0 on AMD EPYC's oneDNN path): equal as values
+    assert torch.equal(got[:, 10], want[:, 10])
+    assert not torch.signbit(got[:, 10][got[:, 10] == 0]).any()  # ours: the butterfly's +0, on every CPU
     sub = x[:, 5:6]
     exact64 = (sub.double().t().reshape(-1, 16) @ te_rht_matrix(torch.float64)).float().bfloat16()
     assert same_bits(got[:, 5:6], exact64.reshape(1, -1).t())
