@@ -39,26 +39,33 @@ def _loaded(qw: QuantizedWeight) -> QuantizedWeight:
     return QuantizedWeight.loaded(t["weight"], t["weight_scale"], amax)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
 @pytest.mark.parametrize("block", ["16x16", "1x16"])
-def test_a_loaded_linear_weight_gives_the_training_forwards_output(scaling, block):
+def test_a_loaded_linear_weight_gives_the_training_forwards_output(scaling, block, device):
+    """On CUDA the Triton quantizers and the emulated GEMM: the vLLM plugin's path on Hopper."""
     g = torch.Generator().manual_seed(2)
     recipe = FourOverSixRecipe(activation_scaling=scaling, weight_block=block)
-    x = torch.randn(40, 64, generator=g).to(torch.bfloat16)
-    w = (torch.randn(48, 64, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(40, 64, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(48, 64, generator=g) * 0.05).to(torch.bfloat16).to(device)
     with torch.no_grad():
         expected = four_over_six_mm(x, w, recipe=recipe)
     got = loaded_weight_mm(x, _loaded(quantize_linear_weight(w, recipe=recipe)), recipe=recipe)
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
-def test_loaded_expert_weights_give_the_training_forwards_output(scaling):
+def test_loaded_expert_weights_give_the_training_forwards_output(scaling, device):
     g = torch.Generator().manual_seed(3)
     recipe = FourOverSixRecipe(activation_scaling=scaling, weight_block="1x16")
-    A = torch.randn(50, 64, generator=g).to(torch.bfloat16)
-    B = (torch.randn(3, 32, 64, generator=g) * 0.05).to(torch.bfloat16)  # (E, N, K)
-    offs = torch.tensor([16, 16, 48], dtype=torch.int32)
+    A = torch.randn(50, 64, generator=g).to(torch.bfloat16).to(device)
+    B = (torch.randn(3, 32, 64, generator=g) * 0.05).to(torch.bfloat16).to(device)  # (E, N, K)
+    offs = torch.tensor([16, 16, 48], dtype=torch.int32, device=device)
     with torch.no_grad():
         expected = four_over_six_grouped_mm(A, B.transpose(-2, -1), offs, recipe=recipe)
     qw = quantize_grouped_weight(B.transpose(-2, -1), recipe=recipe)

@@ -166,3 +166,30 @@ def test_whole_model_logprobs_match_the_trainers(served):
         worst.append((ours - theirs).abs().max().item())
     print("max |dlogp| per sequence:", worst)
     assert max(worst) < 1e-3
+
+
+def test_a_weight_update_copied_into_the_parameters_in_place_takes_effect(served):
+    """RL weight sync: new codes, scales and factor copied into the loaded parameters are what the next forward
+    runs (nothing derived from them is cached)."""
+    trainer, _, model, _ = served
+    layer = _engine_layers(model)["model.layers.1.self_attn.qkv_proj"]
+    mods = [trainer.get_submodule(f"layers.1.attention.{w}") for w in PROJ["qkv_proj"]]
+    new_wq = FourOverSixLinear.from_linear(torch.nn.Linear(64, 128, bias=False), mods[0].recipe, False)
+    with torch.no_grad():
+        new_wq.weight.copy_(mods[0].weight.flip(0) * 1.5)
+    saved = [t.clone() for t in (layer.weight, layer.weight_scale, layer.weight_scale_2)]
+    q = quantize_linear_weight(new_wq.weight, recipe=new_wq.recipe)
+    rows = new_wq.weight.shape[0]
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(5))
+    try:
+        with torch.no_grad():
+            layer.weight[:rows].copy_(q.codes)
+            layer.weight_scale[:rows].copy_(q.scales)
+            layer.weight_scale_2[0] = global_decode_factor(q.amax, 256)
+        with torch.inference_mode(), MAP4_STATS.paused():
+            out = layer.quant_method.apply(layer, x)
+            assert torch.equal(out, torch.cat([new_wq(x), mods[1](x), mods[2](x)], dim=-1))
+    finally:
+        with torch.no_grad():
+            for t, s in zip((layer.weight, layer.weight_scale, layer.weight_scale_2), saved):
+                t.copy_(s)
