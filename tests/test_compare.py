@@ -111,7 +111,10 @@ def test_extra_variants_set_knobs_in_every_section_and_pass_overrides():
 
 @pytest.mark.parametrize("spec, match", [("x=fp8 scale_bound=256", "base 'fp8' is not a variant"),
                                          ("nvfp4=4/6", "is taken"), ("x=4/6 scale_bound", "neither knob=value"),
-                                         ("noequals", "expected 'NAME=BASE")])
+                                         ("noequals", "expected 'NAME=BASE"),
+                                         ("4of6=nvfp4", "would be named '4of6', as variant '4/6'"),
+                                         ("x=4/6 --debug.seed=7", "'--debug.seed=7' is set by compare"),
+                                         ("x=4/6 --training.steps 9", "'--training.steps' is set by compare")])
 def test_bad_variant_specs_are_named(spec, match):
     base = variants.load_recipe(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml")
     with pytest.raises(ValueError, match=match):
@@ -262,6 +265,18 @@ def test_tiny_comparison_end_to_end_on_the_cpu(tmp_path):
      "at least 2"),
     (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--debug.seed", "3"],
      "set by compare"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--debug.seed=7"],
+     "--debug.seed=7: --training.steps / --debug.seed are set by compare"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--training.steps=9"],
+     "set by compare"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--steps", "0"],
+     "--steps 0: give a positive number of steps"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--steps", "-2"],
+     "--steps -2: give a positive number of steps"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--tail", "0"],
+     "--tail 0: must be between 1 and --steps"),
+    (["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--timeout", "-5"],
+     "--timeout -5.0: seconds before a run is stopped, must be > 0"),
 ])
 def test_cli_refuses_what_it_cannot_compare_before_training(capsys, args, match):
     from titan_fp4six.compare.__main__ import main

@@ -294,3 +294,16 @@ def test_cli_on_the_cpu_tiny_flavor_is_deterministic(tmp_path):
     assert 0.9 < record["mean"]["quantized_dw_cos/four_over_six"] <= 1
     assert record["steps_of_training"] == 1 and "model state after 1 steps" in stdout
     assert record["mean"]["mse_x/four_over_six"] < record["mean"]["mse_x/nvfp4"]
+
+
+def test_cli_refuses_a_missing_recipe_and_an_unwritable_out_before_measuring(tmp_path, capsys):
+    from titan_fp4six.fidelity import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--job.config_file RECIPE.toml is required" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["--job.config_file", "configs/qwen3_moe_debug_nvfp4_four_over_six.toml", "--out", str(blocker / "sub")])
+    assert e.value.code == 2 and f"--out {blocker / 'sub'}: cannot write fidelity.json there" in capsys.readouterr().err

@@ -63,6 +63,16 @@ def test_qwen3_moe_conversion_and_first_last_layers_in_bf16():
     assert model.layers["3"].moe.experts.w1.shape[0] == 64
 
 
+def test_grouped_fqns_that_name_only_bf16_window_layers_are_an_error():
+    job = job_config("--quantize.grouped_mm.four_over_six.fqns", "layers.0.moe.experts,layers.1.moe.experts",
+                     "--quantize.grouped_mm.four_over_six.bf16_first_layers", "1",
+                     converters="quantize.grouped_mm.four_over_six")
+    model, _ = build_model("qwen3", job)
+    with pytest.raises(ValueError, match=r"fqns entries \['layers.0.moe.experts'\] select only modules of layers kept "
+                                         r"in bf16"):
+        convert(model, job)
+
+
 def test_grouped_fqns_cannot_catch_shared_experts():
     job = job_config("--quantize.grouped_mm.four_over_six.fqns", "shared_experts",
                      converters="quantize.grouped_mm.four_over_six")

@@ -443,3 +443,8 @@ def test_a_small_mlp_trains_with_wgrad_rht():
         losses[rht] = loss.item()
     assert losses[True] < 0.3 * targets.pow(2).mean().item()
     assert losses[True] == pytest.approx(losses[False], rel=0.3)
+
+
+def test_blocks_never_straddle_rows():
+    with pytest.raises(ValueError, match=r"rht16_blocks: x of shape \(16, 20\); its last dim must be a multiple of 16"):
+        rht16_blocks(torch.randn(16, 20))

@@ -95,6 +95,13 @@ def test_the_watch_keeps_the_first_non_finite_step_until_checked():
         watch.check(5)
 
 
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-9223372036854775809"])
+def test_a_seed_torch_cannot_take_is_named(seed):
+    with pytest.raises(ValueError, match=rf"debug.seed={seed}: torch's generators take a seed in \[-2\*\*63, 2\*\*63\)"):
+        check_job_config(job_config("--debug.seed", seed))
+    check_job_config(job_config("--debug.seed", str(2 ** 63 - 1)))
+
+
 def test_an_unknown_flavor_names_the_valid_ones():
     """torchtitan's train.py failed with a bare KeyError: 'debugmodel_nope'."""
     with pytest.raises(ValueError, match=r"model.flavor='debugmodel_nope' is not a flavor of model.name="

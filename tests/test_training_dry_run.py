@@ -22,6 +22,11 @@ def test_qwen3_30b_a3b_dry_run_reports_experts_and_memory(capsys):
     dry_run.main(["--job.config_file", RECIPE, "--gpu-memory-gib", "141"])
     out = capsys.readouterr().out
     assert "quantized layers.N.moe.experts: 48 modules" in out and "min GPUs: 8" in out
+    assert "activations (AC full) 2.9" in out
+    # without activation checkpointing every layer keeps its working set: more GPUs (it was reported as full AC)
+    dry_run.main(["--job.config_file", RECIPE, "--gpu-memory-gib", "141", "--activation_checkpoint.mode", "none"])
+    out = capsys.readouterr().out
+    assert "activations (AC none)" in out and "min GPUs: 8" not in out and "min GPUs: 4" not in out
 
 
 def test_the_30b_rl_recipe_passes_its_dry_run_with_vllm_rollouts_and_packed_rescoring(capsys):

@@ -96,7 +96,22 @@ def _parse(argv: list[str] | None):
     ours, rest = parser.parse_known_args(argv)
     if ours.steps_of_training < 0:
         parser.error(f"--steps-of-training={ours.steps_of_training}; it must be >= 0")
+    if not any(a == "--job.config_file" or a.startswith("--job.config_file=") for a in rest):
+        parser.error("--job.config_file RECIPE.toml is required: the four-over-six recipe whose modules to measure")
+    if ours.out:
+        try:
+            writable_folder(Path(ours.out))
+        except OSError as e:
+            parser.error(f"--out {ours.out}: cannot write fidelity.json there ({e}); pass a folder you can write")
     return ours, rest
+
+
+def writable_folder(out: Path) -> Path:
+    """out, created if missing, checked writable before anything is measured (an OSError otherwise)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise PermissionError(f"{out} is not writable")
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         config.checkpoint.enable, config.checkpoint.folder = True, os.path.abspath(ours.checkpoint)
     check_converter_names(config)
     check_world_size(config.parallelism, int(os.environ["WORLD_SIZE"]))
+    out = writable_folder(Path(ours.out or Path(config.job.dump_folder) / "fidelity"))
     trainer = Trainer(config)
     try:
         if ours.checkpoint and not trainer.checkpointer.load(step=config.checkpoint.load_step):
@@ -144,13 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         trainer.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    report(results, {fqn: str(m.recipe) for fqn, m in modules}, config, ours, trainer.step)
+    report(results, {fqn: str(m.recipe) for fqn, m in modules}, config, ours, trainer.step, out)
 
 
-def report(results: dict[str, dict[str, float]], recipes: dict[str, str], config, ours, step: int) -> None:
-    """Print the table; write the JSON (per GEMM and mean, every metric) and the plot."""
-    out = Path(ours.out or Path(config.job.dump_folder) / "fidelity")
-    out.mkdir(parents=True, exist_ok=True)
+def report(results: dict[str, dict[str, float]], recipes: dict[str, str], config, ours, step: int, out: Path) -> None:
+    """Print the table; write the JSON (per GEMM and mean, every metric) and the plot to `out`."""
     t = config.training
     title = (f"{Path(config.job.config_file).name}: {config.model.name} {config.model.flavor}, "
              f"{t.local_batch_size}x{t.seq_len} tokens, model state after {step - 1} steps"

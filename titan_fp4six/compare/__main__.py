@@ -18,7 +18,7 @@ import tomli
 
 from .report import markdown, plot, read_outcome, summarize, to_json
 from .runs import Job, Scheduler, command, device_memory_gib
-from .variants import BF16, derive, dumps, load_recipe
+from .variants import BF16, derive, dumps, load_recipe, sets_compare_key
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -51,18 +51,25 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         args.variants = derive(recipe, args.variant, args.only.split(",") if args.only else None)
     except (OSError, ValueError) as e:  # a recipe or --variant/--only that cannot be compared: say so, no traceback
         p.error(str(e))
-    args.steps = args.steps or recipe.get("training", {}).get("steps")
-    if not args.steps or args.steps < 1:
-        p.error(f"--steps: give a positive number of steps (the recipe's training.steps is {args.steps})")
-    args.tail = args.tail or max(1, args.steps // 5)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps {args.steps}: give a positive number of steps")
+    if args.steps is None:
+        args.steps = recipe.get("training", {}).get("steps")
+        if type(args.steps) is not int or args.steps < 1:
+            p.error(f"--steps: give a positive number of steps (the recipe's training.steps is {args.steps!r})")
+    if args.tail is None:
+        args.tail = max(1, args.steps // 5)
     if not 1 <= args.tail <= args.steps:
         p.error(f"--tail {args.tail}: must be between 1 and --steps ({args.steps})")
     if args.seeds < 2:
         p.error(f"--seeds {args.seeds}: intervals over seeds need at least 2 (5 or more for useful ones)")
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be >= 1")
-    if any(a in ("--training.steps", "--debug.seed") for a in trainer):
-        p.error("--training.steps / --debug.seed are set by compare: use --steps and --seeds/--seed-start")
+    if not args.timeout > 0:
+        p.error(f"--timeout {args.timeout}: seconds before a run is stopped, must be > 0")
+    taken = sets_compare_key(trainer)
+    if taken:
+        p.error(f"{taken}: --training.steps / --debug.seed are set by compare: use --steps and --seeds/--seed-start")
     args.out = args.out or Path("outputs/compare") / Path(args.config).stem
     return args, trainer
 

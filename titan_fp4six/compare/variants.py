@@ -20,6 +20,13 @@ SECTIONS = ("linear", "grouped_mm")  # [quantize.<kind>.four_over_six]
 CONVERTERS = tuple(f"quantize.{kind}.four_over_six" for kind in SECTIONS)
 BF16, NVFP4, FOUR_OVER_SIX = "bf16", "nvfp4", "4/6"
 PLAIN_NVFP4 = {"scope": "none", "scale_bound": 448}
+SET_BY_COMPARE = ("--training.steps", "--debug.seed")
+"""Trainer keys every run gets from compare itself (--steps, --seeds/--seed-start)."""
+
+
+def sets_compare_key(args: list[str]) -> str | None:
+    """The first of args that sets a SET_BY_COMPARE key (`--key value` or `--key=value`), or None."""
+    return next((a for a in args if a.split("=", 1)[0] in SET_BY_COMPARE), None)
 
 
 @dataclass
@@ -115,6 +122,10 @@ def parse_variant(spec: str, known: dict[str, Variant]) -> Variant:
         if not eq:
             raise ValueError(f"--variant {spec!r}: {part!r} is neither knob=value nor a --section.key override")
         knobs[key] = _value(value)
+    taken = sets_compare_key(overrides)
+    if taken:
+        raise ValueError(f"--variant {spec!r}: {taken!r} is set by compare for every run: use --steps and "
+                         "--seeds/--seed-start")
     recipe = with_knobs(base.recipe, knobs, name) if knobs else copy.deepcopy(base.recipe)
     return Variant(name, recipe, [*base.overrides, *overrides])
 
@@ -126,6 +137,10 @@ def derive(recipe: dict, extra: list[str] = (), only: list[str] | None = None) -
                 FOUR_OVER_SIX: Variant(FOUR_OVER_SIX, with_knobs(recipe, {}, FOUR_OVER_SIX))}
     for spec in extra:
         v = parse_variant(spec, variants)
+        same = [u.name for u in variants.values() if u.slug == v.slug]
+        if same:
+            raise ValueError(f"--variant {spec!r}: its files would be named {v.slug!r}, as variant {same[0]!r}'s "
+                             "(names are written with '/' as 'of' and other characters as '_'); pick another name")
         variants[v.name] = v
     if only:
         unknown = [n for n in only if n not in variants]

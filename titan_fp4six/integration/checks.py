@@ -13,3 +13,12 @@ def check_job_config(job_config) -> None:
     check_converter_names(job_config)
     check_sections_have_converters(job_config)
     check_flavor(job_config)
+    check_seed(job_config)
+
+
+def check_seed(job_config) -> None:
+    """torch.manual_seed takes a signed 64-bit seed; torchtitan hands it debug.seed unchecked (an overflow
+    error from inside torch that names neither the key nor the range)."""
+    seed = getattr(getattr(job_config, "debug", None), "seed", None)
+    if seed is not None and not -2 ** 63 <= seed < 2 ** 63:
+        raise ValueError(f"debug.seed={seed}: torch's generators take a seed in [-2**63, 2**63)")

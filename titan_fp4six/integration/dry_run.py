@@ -64,9 +64,10 @@ def summarize(model: nn.Module, model_args, seq_len: int) -> Summary:
 
 def estimate_memory(s: Summary, config, model_args, gpus: int) -> dict[str, float]:
     """Per-GPU bytes for FSDP over `gpus` ranks with AdamW (fp32 params, grads and two moments: 16 B/param,
-    sharded), two gathered bf16 layers (FSDP prefetch), full activation checkpointing (one bf16 layer input kept
-    per layer, plus a working set of ~34 bf16 hidden-size tensors and the routed-expert intermediates for the
-    layer being recomputed), and fp32 logits with their gradient."""
+    sharded), two gathered bf16 layers (FSDP prefetch), activations by the recipe's activation_checkpoint.mode
+    (full: one bf16 layer input kept per layer, plus a working set of ~34 bf16 hidden-size tensors and the
+    routed-expert intermediates for the layer being recomputed; none, and selective as its upper bound: every
+    layer's working set kept), and fp32 logits with their gradient."""
     t = config.training
     tokens = t.local_batch_size * t.seq_len
     dim = model_args.dim
@@ -74,10 +75,13 @@ def estimate_memory(s: Summary, config, model_args, gpus: int) -> dict[str, floa
     top_k = getattr(moe, "top_k", 1) if getattr(model_args, "moe_enabled", moe is not None) else 1
     hidden = getattr(model_args, "moe_inter_dim", 0) or getattr(model_args, "hidden_dim", 4 * dim)
     n_layers = model_args.n_layers
+    working_set = 2 * tokens * (dim * 34 + 4 * top_k * hidden)
+    mode = config.activation_checkpoint.mode
+    activations = 2 * tokens * dim * n_layers + working_set if mode == "full" else n_layers * working_set
     return {
         "params+grads+AdamW (sharded)": 16 * s.total_params / gpus,
         "gathered bf16 layers": 2 * 2 * s.largest_layer_params,
-        "activations (full AC)": 2 * tokens * (dim * (n_layers + 34) + 4 * top_k * hidden),
+        f"activations (AC {mode})": activations,
         "logits fp32 + grad": 2 * 4 * tokens * model_args.vocab_size,
     }
 

@@ -82,7 +82,8 @@ def select_linears(linears: list[tuple[str, int, int]], cfg, section: str,
 
 def select_experts(experts: list[tuple[str, dict[str, tuple]]], cfg, section: str, keep_layers: set[int]) -> list[str]:
     """The routed-experts modules (fqn, {weight name: shape (E, out, in)}) the section converts; one whose dims are
-    not multiples of 16, an fqns entry matching none, or nothing converted is an error."""
+    not multiples of 16, an fqns entry matching none or only modules of the bf16 layer window, or nothing converted
+    is an error."""
     converted, hits = [], set()
     for fqn, shapes in experts:
         listed = [p for p in cfg.fqns if fqn_matches(fqn, p)]
@@ -99,6 +100,10 @@ def select_experts(experts: list[tuple[str, dict[str, tuple]]], cfg, section: st
     missing = [p for p in cfg.fqns if p not in hits]
     if missing:
         raise ValueError(f"{section}.fqns entries {missing} match no routed-experts (GroupedExperts) module")
+    contradicted = [p for p in cfg.fqns if converted and not any(fqn_matches(f, p) for f in converted)]
+    if contradicted:
+        raise ValueError(f"{section}.fqns entries {contradicted} select only modules of layers kept in bf16 "
+                         f"(bf16_first_layers / bf16_last_layers): drop them from fqns or shrink the bf16 window")
     check_not_empty(cfg, section, converted, "routed-experts module",
                     f"{section}.fqns / bf16_first_layers / bf16_last_layers")
     return converted

@@ -26,6 +26,9 @@ def _factors(device) -> torch.Tensor:
 
 def rht16_blocks(x: torch.Tensor) -> torch.Tensor:
     """The transform of every 16-element block along x's last dim (a multiple of 16), in x's dtype."""
+    if x.dim() == 0 or x.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"rht16_blocks: x of shape {tuple(x.shape)}; its last dim must be a multiple of "
+                         f"{BLOCK_SIZE} (blocks never straddle rows)")
     shape = x.shape
     y = x.float().reshape(-1, BLOCK_SIZE) * _factors(x.device)
     for h in RHT_STAGES:
