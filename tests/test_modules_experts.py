@@ -135,3 +135,11 @@ def test_autocast_runs_the_op_on_bf16_operands_without_autocast_inside():
     w = [p.detach().bfloat16() for p in (e.w1, e.w2, e.w3)]
     assert out.dtype == x.dtype  # like torchtitan's experts: output in the routed input's dtype
     assert torch.equal(out, run_experts_padded(*w, x.bfloat16(), COUNTS, recipe).float())
+
+
+def test_the_meta_device_is_refused_by_name():
+    with torch.device("meta"):
+        e = convert_experts(_experts(), FourOverSixRecipe())
+        x = torch.empty(8, e.w1.shape[-1])
+    with pytest.raises(NotImplementedError, match="cannot run on the meta device: its token groups are padded"):
+        e(x, torch.tensor([8, 0, 0, 0], device="meta"))

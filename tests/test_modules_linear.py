@@ -92,3 +92,14 @@ def test_fullgraph_compile_under_autocast_equals_eager():
     x = torch.randn(16, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(compiled(x), q(x))
+
+
+@pytest.mark.parametrize("recipe", [FourOverSixRecipe(), FourOverSixRecipe(activation_scaling="row")], ids=str)
+def test_forward_and_backward_trace_shapes_on_the_meta_device(recipe):
+    """Shape-only tracing, as nn.Linear allows: the ops' fake implementations give the shapes."""
+    with torch.device("meta"):
+        q = FourOverSixLinear.from_linear(nn.Linear(64, 32), recipe)
+        x = torch.empty(3, 4, 64, requires_grad=True)
+    y = q(x)
+    y.sum().backward()
+    assert y.shape == (3, 4, 32) and y.is_meta and x.grad.shape == x.shape and q.weight.grad.shape == (32, 64)

@@ -121,3 +121,11 @@ def test_cache_weights_with_a_hook_after_each_optimizer_step():
             opt.zero_grad()
     assert losses[True] == losses[False]
     assert model.body[0].weight_cache.quantizations == 4
+
+
+def test_a_linear_used_twice_is_converted_everywhere():
+    lin = nn.Linear(64, 64)
+    model = nn.Sequential(lin, nn.ReLU(), lin)
+    quantize_(model, FourOverSixTrainingConfig())
+    assert [type(m).__name__ for m in model] == ["FourOverSixLinear", "ReLU", "FourOverSixLinear"]
+    assert model[0] is model[2]

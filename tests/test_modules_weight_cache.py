@@ -128,6 +128,20 @@ def test_linear_cache_requantizes_when_the_weight_or_its_cast_changes():
     assert m.weight_cache.quantizations == 5
 
 
+def test_a_deep_copy_never_serves_the_originals_cached_weights():
+    """The copy's parameters are new tensors: a load_state_dict brings their version counters to the copied
+    entry's, which served the old weights."""
+    torch.manual_seed(0)
+    m = FourOverSixLinear(64, 48, recipe=FourOverSixRecipe(), cache_weights=True)
+    other = FourOverSixLinear(64, 48, recipe=FourOverSixRecipe())
+    x = torch.randn(8, 64)
+    m(x)
+    twin = copy.deepcopy(m)
+    twin.load_state_dict(other.state_dict())
+    assert torch.equal(twin(x), other(x))
+    assert m.weight_cache.quantizations == 1 and twin.weight_cache.quantizations == 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", [FourOverSixRecipe(), FourOverSixRecipe(backward="dequantized")], ids=str)
 def test_experts_cache_quantizes_once_per_step_and_matches(device, recipe):

@@ -19,7 +19,8 @@ from .quantize import run_quantize
 
 
 class CompileOpaqueOp:
-    """`op(*args)`: the body in eager mode, `torch.ops.titan_fp4six.<name>` while torch.compile traces."""
+    """`op(*args)`: the body in eager mode, `torch.ops.titan_fp4six.<name>` while torch.compile traces or on
+    meta tensors (shape-only tracing); an op's first argument is a tensor."""
 
     def __init__(self, name: str, body):
         self.qualname = f"titan_fp4six::{name}"
@@ -28,7 +29,7 @@ class CompileOpaqueOp:
         self.register_fake = self.custom_op.register_fake
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or args[0].is_meta:  # meta: the fake implementation gives the shapes
             return self.custom_op(*args)
         if not torch.autograd._profiler_enabled():  # a record_function range costs ~6 us even with no profiler
             return self.body(*args)

@@ -6,17 +6,19 @@ exact FP32 accumulation. Instead the modules do what autocast does for nn.Linear
 to the autocast dtype, then run the op with autocast off. Without autocast this is a no-op.
 """
 
+import contextlib
+
 import torch
 
 
 def autocast_operands(*tensors: torch.Tensor | None) -> list:
-    """The tensors, cast to the autocast dtype when autocast is on for their device."""
+    """The tensors, cast to the autocast dtype when autocast is on for their device (meta has no autocast)."""
     device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
+    if device == "meta" or not torch.is_autocast_enabled(device):
         return list(tensors)
     dtype = torch.get_autocast_dtype(device)
     return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
 
 
 def no_autocast(device: torch.device):
-    return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext() if device.type == "meta" else torch.autocast(device.type, enabled=False)

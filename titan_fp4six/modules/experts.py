@@ -124,6 +124,10 @@ class _FourOverSixExperts:
             quantize=None) -> torch.Tensor:
         """The forward with `recipe`; quantize(weights): the (w1, w2, w3) operands' QuantizedWeights, or None to
         quantize them in each GEMM. Rollouts run it with their own recipe and cache (rl/experts.py)."""
+        if x.is_meta:
+            raise NotImplementedError(f"{type(self).__name__} cannot run on the meta device: its token groups are "
+                                      "padded by their sizes, which a meta tensor does not hold (converted Linears "
+                                      "trace shapes on meta; trace the experts on a real device)")
         weights = [local_weight(getattr(self, n), n, experts=True) for n in _NAMES]
         dispatched = ep_dispatched(self)
         *weights, x_in = autocast_operands(*weights, x)

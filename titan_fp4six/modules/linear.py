@@ -42,6 +42,18 @@ class FourOverSixLinear(nn.Linear):
         new.train(linear.training)
         return new
 
+    @classmethod
+    def convert(cls, linear: nn.Linear, recipe: FourOverSixRecipe, cache_weights: bool = False) -> "FourOverSixLinear":
+        """Turn `linear` itself into this class (its class swapped; parameters, hooks and state_dict untouched),
+        so every place that holds it, a module used twice among them, runs the four-over-six forward."""
+        if type(linear) is not nn.Linear:
+            raise TypeError(f"expected a plain nn.Linear, got {type(linear).__name__}")
+        check_recipe(recipe)
+        linear.__class__ = cls
+        linear.recipe = recipe.resolve(grouped=False)
+        linear.weight_cache = WeightCache() if cache_weights else None
+        return linear
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, weight, bias = autocast_operands(x, local_weight(self.weight, "weight"), self.bias)
         with no_autocast(x.device):

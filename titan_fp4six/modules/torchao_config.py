@@ -65,7 +65,8 @@ def _check_same_config(module: FourOverSixLinear, config) -> None:
 @register_quantize_module_handler(FourOverSixTrainingConfig)
 def _four_over_six_training_transform(module: nn.Module, config: FourOverSixTrainingConfig,
                                       parameter_name: str | None = None) -> nn.Module:
-    """quantize_'s handler: nn.Linear -> FourOverSixLinear sharing its Parameters (state_dict unchanged)."""
+    """quantize_'s handler: nn.Linear -> FourOverSixLinear, converted in place (state_dict unchanged): quantize_
+    visits a module used at two places once, and the in-place class swap reaches both."""
     if isinstance(module, FourOverSixLinear):
         _check_same_config(module, config)
         return module
@@ -79,4 +80,4 @@ def _four_over_six_training_transform(module: nn.Module, config: FourOverSixTrai
                          f"{module.in_features}, out_features={module.out_features}; both must be multiples of "
                          f"{BLOCK_SIZE} (NVFP4 blocks). Leave it out with filter_fn (e.g. "
                          "titan_fp4six.quantizable_linear)")
-    return FourOverSixLinear.from_linear(module, config.recipe(), config.cache_weights)
+    return FourOverSixLinear.convert(module, config.recipe(), config.cache_weights)

@@ -34,6 +34,14 @@ class WeightCache:
         """The weights changed (an optimizer step): the next forward quantizes them again."""
         self._entries.clear()
 
+    def __deepcopy__(self, memo) -> "WeightCache":
+        """A copied module starts with an empty cache: its parameters are new tensors whose version counters can
+        reach a copied entry's again (e.g. by a load_state_dict), which would serve the old weights."""
+        return WeightCache()
+
+    def __getstate__(self) -> dict:
+        return {"_entries": {}, "quantizations": 0}  # pickled likewise empty
+
     def get(self, name: str, param: torch.Tensor, operand: torch.Tensor,
             quantize: Callable[[], QuantizedWeight]) -> QuantizedWeight | None:
         """The QuantizedWeight of `operand` (the module's parameter `param` as the forward hands it to the op),
