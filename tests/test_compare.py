@@ -167,6 +167,43 @@ def test_crashed_diverged_and_missing_runs_are_reported_not_dropped(tmp_path):
     assert json.loads(report.to_json(list(summaries.values()), outcomes, {}))["runs"][3]["status"] == "ok"
 
 
+def test_a_run_whose_tail_is_not_logged_is_failed_with_the_reason(tmp_path):
+    """metrics.log_freq 2 leaves odd steps out of the log: reported, not a crash of the whole report."""
+    job = _fake_run(tmp_path, "4/6", 0, [5.0, 4.0, 3.0, 2.0], 0)
+    lines = job.log.read_text().splitlines(keepends=True)
+    job.log.write_text("".join(lines[:3] + lines[4:]))  # step 3 not logged
+    outcome = report.read_outcome(job, 4, 2, 5.0)
+    assert outcome.status == "failed" and "steps 3..3 of the last 2 are not logged" in outcome.detail
+    assert "--metrics.log_freq 1" in outcome.detail
+
+
+@pytest.mark.parametrize("code, done", [(0, True), (1, False), (143, False), (None, False)])
+def test_only_runs_that_finished_are_done_before(tmp_path, code, done):
+    """A stopped (--timeout), failed or killed run is trained again by the next invocation."""
+    assert _fake_run(tmp_path, "bf16", 0, [5.0, 4.0], code).done_before() is done
+
+
+def test_a_folder_of_another_comparison_is_refused(tmp_path):
+    from titan_fp4six.compare.__main__ import parse_args, plan
+
+    out = ["--out", str(tmp_path / "cmp")]
+    plan(*parse_args(["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), *out]))
+    plan(*parse_args(["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), *out]))
+    with pytest.raises(SystemExit, match=r"holds a comparison whose variant 'bf16' is another recipe"):
+        plan(*parse_args(["--job.config_file", str(CONFIGS / "deepseek_v3_debugmodel_nvfp4_four_over_six.toml"),
+                          *out]))
+
+
+def test_two_comparisons_cannot_share_a_folder_at_once(tmp_path):
+    from titan_fp4six.compare.__main__ import _lock, main
+
+    held = _lock(tmp_path)
+    with pytest.raises(SystemExit, match="another compare is running there"):
+        main(["--job.config_file", str(CONFIGS / "qwen3_moe_debug_nvfp4_four_over_six.toml"), "--out", str(tmp_path),
+              "--report-only"])
+    held.close()
+
+
 def test_the_tables_intervals_are_read_together(tmp_path):
     """NVFP4 and 4/6 each ~0.02 above bf16 (p = 0.047 and 0.039 on their own: both intervals exclude 0) and 4/6
     0.0014 above NVFP4 with almost no spread (p < 1e-4): Holm's step-down over the table's three intervals keeps

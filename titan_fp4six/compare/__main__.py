@@ -7,6 +7,7 @@ command trains only the runs that have not finished; ``--report-only`` rebuilds 
 """
 
 import argparse
+import fcntl
 import json
 import os
 import shlex
@@ -83,6 +84,8 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
         configs[v.name] = home[v.name] / "variants" / f"{v.slug}.toml"
         if v.name in shared:
             _check_same_training(configs[v.name], v.recipe)
+        if v.name not in shared:
+            _check_same_variant(configs[v.name], v.recipe, args.out)
         if not args.report_only and not (v.name in shared and configs[v.name].is_file()):  # the other folder's stays
             configs[v.name].parent.mkdir(parents=True, exist_ok=True)
             configs[v.name].write_text(f"# compare variant {v.name!r} of {args.config}\n" + dumps(v.recipe))
@@ -101,6 +104,25 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
                                      f"one: {job.header().strip()}")
             jobs.append(job)
     return variants, jobs
+
+
+def _check_same_variant(path: Path, recipe: dict, out: Path) -> None:
+    """--out's runs of a variant were trained from its TOML: another recipe under the same name is refused (its
+    runs would be reported as this one's)."""
+    if path.is_file() and path.read_text().split("\n", 1)[1] != dumps(recipe):
+        raise SystemExit(f"--out {out} holds a comparison whose variant {path.stem!r} is another recipe ({path}); "
+                         "its runs are not this comparison's: pass a new --out (or the same recipe and variants)")
+
+
+def _lock(out: Path):
+    """Hold --out for this invocation: two comparisons in one folder would train the same runs into one log."""
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / ".lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"--out {out}: another compare is running there; wait for it or pass another --out") from None
+    return handle
 
 
 def _check_same_training(path: Path, recipe: dict) -> None:
@@ -123,6 +145,7 @@ def _check_same_training(path: Path, recipe: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the scheduler stops its runs (timeout, kill)
     args, trainer = parse_args(sys.argv[1:] if argv is None else argv)
+    lock = _lock(args.out)  # noqa: F841  (held until the process ends)
     variants, jobs = plan(args, trainer)
     if not args.report_only:
         device = device_memory_gib()

@@ -47,7 +47,10 @@ def read_outcome(job: Job, steps: int, tail: int, spike_factor: float) -> Outcom
     elif code != 0 or last < steps:
         status, detail = "failed", f"exit {code} after {last} of {steps} steps; see {job.log.name}"
     else:
-        final, detail = final_loss(losses, steps, tail), ""
+        try:
+            final, detail = final_loss(losses, steps, tail), ""
+        except ValueError as e:  # e.g. metrics.log_freq > 1: the tail is not in the log
+            status, detail = "failed", f"{e} in {job.log.name} (log every step: --metrics.log_freq 1)"
     return Outcome(job.variant, job.seed, status, detail, final, losses, norms, spike_steps)
 
 

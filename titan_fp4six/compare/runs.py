@@ -57,8 +57,9 @@ class Job:
         return "# " + shlex.join(["python", *self.command[1:]]) + "\n"
 
     def done_before(self) -> bool:
-        """Trained by an earlier invocation with the same command (its exit file written)."""
-        if not self.exit_file.is_file() or not self.log.is_file():
+        """Trained to the end by an earlier invocation with the same command (exit 0 recorded); a failed,
+        stopped or killed run is trained again."""
+        if self.exit_code() != 0 or not self.log.is_file():
             return False
         with open(self.log) as f:
             return f.readline() == self.header()
