@@ -307,3 +307,31 @@ def test_cli_refuses_a_missing_recipe_and_an_unwritable_out_before_measuring(tmp
     with pytest.raises(SystemExit) as e:
         main(["--job.config_file", "configs/qwen3_moe_debug_nvfp4_four_over_six.toml", "--out", str(blocker / "sub")])
     assert e.value.code == 2 and f"--out {blocker / 'sub'}: cannot write fidelity.json there" in capsys.readouterr().err
+
+
+def test_a_checkpoint_torchtitan_cannot_read_is_named():
+    from titan_fp4six.fidelity import load_checkpoint
+
+    class Truncated:
+        def load(self, step):
+            raise EOFError("Ran out of input")
+
+    with pytest.raises(ValueError, match=r"--checkpoint ck: torchtitan could not read it \(EOFError: Ran out of "
+                                         r"input\); a step-N folder is truncated or corrupt"):
+        load_checkpoint(Truncated(), "ck", -1)
+
+    class Unreadable:
+        def load(self, step):
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            raise CheckpointException("load", {})
+
+    with pytest.raises(ValueError, match=r"torchtitan could not read it \(CheckpointException"):
+        load_checkpoint(Unreadable(), "ck", -1)
+
+    class Empty:
+        def load(self, step):
+            return False
+
+    with pytest.raises(ValueError, match=r"--checkpoint ck: no checkpoint there"):
+        load_checkpoint(Empty(), "ck", -1)

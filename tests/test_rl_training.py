@@ -47,6 +47,30 @@ def test_grpo_runs_on_cpu(tmp_path):
         assert [s[key] for s in runs["packed"]] == pytest.approx([s[key] for s in steps], rel=1e-4, abs=1e-9), key
 
 
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    """Prompts, sampling and the KL reference are checkpointed: steps 3 and 4 resumed from step 2's checkpoint are
+    bitwise the uninterrupted run's (they replayed step 1's prompts against a resumed reference before)."""
+    import shutil
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]), CUDA_VISIBLE_DEVICES="")
+    common = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file", str(REPO / "configs" / NVFP4), *CPU_ARGS,
+              "--training.steps", "4", "--rl.prompts_per_step", "2", "--rl.group_size", "2", "--rl.kl_coef", "0.1",
+              "--checkpoint.enable", "--checkpoint.interval", "2", "--checkpoint.folder", "checkpoint"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    proc = subprocess.run([*common, "--job.dump_folder", str(whole)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    shutil.copytree(whole / "checkpoint" / "step-2", resumed / "checkpoint" / "step-2")
+    proc = subprocess.run([*common, "--job.dump_folder", str(resumed)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    a = [json.loads(line) for line in (whole / "rl_metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(line) for line in (resumed / "rl_metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in b] == [3, 4]
+    for key in ("loss", "reward", "kl_ref", "grad_norm", "response_tokens"):
+        assert [m[key] for m in b] == [m[key] for m in a[2:]], key
+
+
 @pytest.mark.parametrize("args, match", [
     (["--rl.temperature", "0"], r"rl.temperature=0.0; it must be > 0 .*every advantage is 0"),
     (["--rl.temperature", "-1"], r"rl.temperature=-1.0; it must be > 0"),

@@ -138,9 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     out = writable_folder(Path(ours.out or Path(config.job.dump_folder) / "fidelity"))
     trainer = Trainer(config)
     try:
-        if ours.checkpoint and not trainer.checkpointer.load(step=config.checkpoint.load_step):
-            raise ValueError(f"--checkpoint {ours.checkpoint}: no checkpoint there (torchtitan's step-N folders; "
-                             f"--checkpoint.load_step={config.checkpoint.load_step})")
+        if ours.checkpoint:
+            load_checkpoint(trainer.checkpointer, ours.checkpoint, config.checkpoint.load_step)
         modules = [m for part in trainer.model_parts for m in converted_modules(part)]
         if not modules:
             raise ValueError(f"{config.job.config_file}: model.converters={config.model.converters} converted no "
@@ -161,6 +160,21 @@ def main(argv: list[str] | None = None) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     report(results, {fqn: str(m.recipe) for fqn, m in modules}, config, ours, trainer.step, out)
+
+
+def load_checkpoint(checkpointer, folder: str, step: int) -> None:
+    """torchtitan's checkpointer.load of --checkpoint, its failures named: no checkpoint there, or one it cannot
+    read (a truncated or corrupt .distcp surfaces as a bare EOFError or unpickling error from inside DCP)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        loaded = checkpointer.load(step=step)
+    except (Exception, CheckpointException) as e:  # DCP's own errors derive from BaseException
+        raise ValueError(f"--checkpoint {folder}: torchtitan could not read it ({type(e).__name__}: {e}); a "
+                         "step-N folder is truncated or corrupt, or holds another model's state") from e
+    if not loaded:
+        raise ValueError(f"--checkpoint {folder}: no checkpoint there (torchtitan's step-N folders; "
+                         f"--checkpoint.load_step={step})")
 
 
 def report(results: dict[str, dict[str, float]], recipes: dict[str, str], config, ours, step: int, out: Path) -> None:

@@ -98,6 +98,32 @@ class RLTrainer(Trainer):
             self.vllm = None
         super().close()
 
+    def state_dict(self) -> dict:
+        """torchtitan's train state plus what makes a resumed GRPO run equal an uninterrupted one: the prompt RNG
+        (its Mersenne Twister words as a tensor: DCP fills fixed-shape tensors in place), the sampling
+        generator and, with rl.kl_coef > 0, the KL reference policy (a copy of the policy filled in place when
+        a checkpoint is loaded into it)."""
+        version, words, gauss = self.rng.getstate()
+        if version != 3 or gauss is not None:
+            raise RuntimeError(f"random.Random state version {version} with a cached gauss value: not checkpointable")
+        state = super().state_dict()
+        state["rl_prompt_rng"] = torch.tensor(words, dtype=torch.int64)
+        state["rl_sampler"] = self.sampler.get_state()
+        if self.job_config.rl.kl_coef > 0:
+            if self.reference is None:  # a checkpoint is being loaded: the template it fills
+                self.reference = self._reference_copy()
+            state["rl_reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.rng.setstate((3, tuple(int(w) for w in state["rl_prompt_rng"].tolist()), None))
+        self.sampler.set_state(state["rl_sampler"])
+
+    def _reference_copy(self):
+        """The KL reference policy: a frozen copy of the policy as it is now."""
+        return copy.deepcopy(self.model_parts[0]).requires_grad_(False)
+
     def _policy_copy(self):
         """The recipe's model built and converted again (for the vLLM engine; weights come by load_weights)."""
         return build_converted(self.job_config, self.device, next(self.model_parts[0].parameters()).dtype,
@@ -210,8 +236,8 @@ class RLTrainer(Trainer):
         self.checkpointer.load(step=job_config.checkpoint.load_step)
         if self.vllm is not None:
             self.vllm.load_weights(self.model_parts[0])
-        if job_config.rl.kl_coef > 0:
-            self.reference = copy.deepcopy(self.model_parts[0]).requires_grad_(False)
+        if job_config.rl.kl_coef > 0 and (self.reference is None or self.step == 0):
+            self.reference = self._reference_copy()  # a resumed run's was loaded with the checkpoint
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         if self.step == 0 and self.metrics_path.exists():
             os.remove(self.metrics_path)
