@@ -202,9 +202,30 @@ def load_trace(path: Path) -> list[dict]:
     return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
+KERNEL_KINDS = (  # (kind, name patterns), first match wins; the plugin's Triton kernels by their function names
+    ("RHT", ("_rht16", "hadamard")),
+    ("quantize", ("_quantize_kernel", "_stochastic")),
+    ("decode", ("_decode_kernel",)),
+    ("amax", ("amax", "_token_groups_kernel", "_row_max")),
+    ("epilogue", ("_scale_cast_kernel",)),
+    ("attention", ("flash", "fmha", "attn", "cudnn")),
+    ("GEMM", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "wgmma", "grouped_mm", "cublas", "Kernel2")),
+    ("gathers/scatters", ("index", "gather", "scatter", "CatArray", "sort", "histc", "cumsum", "nonzero")),
+    ("copies/casts", ("copy", "memcpy", "memset", "fill", "Memcpy", "Memset")),
+    ("reductions", ("reduce", "norm", "softmax", "max", "sum")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a GPU kernel by its name (KERNEL_KINDS), 'elementwise/other' for the rest."""
+    lowered = name.lower()
+    return next((kind for kind, patterns in KERNEL_KINDS if any(p.lower() in lowered for p in patterns)),
+                "elementwise/other")
+
+
 def profile_step(events: list[dict], top: int = 12) -> dict:
     """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
-    wall), kernel count and time, the top kernels by total time, and the host time per call of the plugin's ops
+    wall), kernel count and time, kernel time by kind (kernel_kind), the top kernels by total time, and the host time per call of the plugin's ops
     (titan_fp4six::*: custom ops when compiled, record_function ranges in eager)."""
     steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     if not steps:
@@ -219,10 +240,12 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
         if stop > begin:
             busy += stop - begin
             end = stop
-    by_name = defaultdict(lambda: [0, 0.0])
+    by_name, by_kind = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
     for k in kernels:
         by_name[k["name"]][0] += 1
         by_name[k["name"]][1] += k["dur"]
+        by_kind[kernel_kind(k["name"])][0] += 1
+        by_kind[kernel_kind(k["name"])][1] += k["dur"]
     ops = defaultdict(list)
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
@@ -231,6 +254,7 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
     return {
         "step": step["name"], "wall_ms": step["dur"] / 1e3, "gpu_busy": busy / step["dur"], "kernels": len(kernels),
         "kernel_ms": sum(k["dur"] for k in kernels) / 1e3,
+        "kinds": {kind: {"count": c, "ms": d / 1e3} for kind, (c, d) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])},
         "top": [{"name": n[:90], "count": c, "ms": d / 1e3}
                 for n, (c, d) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "host_ops": {n: {"calls": len(d), "mean_ms": sum(d) / len(d) / 1e3} for n, d in sorted(ops.items())},
@@ -240,7 +264,9 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
 def profile_markdown(s: dict, label: str) -> str:
     lines = [f"**{label}** ({s['step']}): wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy']:.0%}, "
              f"{s['kernels']} kernels, kernel time {s['kernel_ms']:.1f} ms", "",
-             "| kernel | count | ms |", "| --- | --- | --- |"]
+             "| kernel kind | count | ms |", "| --- | --- | --- |"]
+    lines += [f"| {kind} | {v['count']} | {v['ms']:.2f} |" for kind, v in s.get("kinds", {}).items()]
+    lines += ["", "| kernel | count | ms |", "| --- | --- | --- |"]
     lines += [f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top"]]
     if s["host_ops"]:
         lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
