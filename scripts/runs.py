@@ -246,11 +246,22 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
         by_name[k["name"]][1] += k["dur"]
         by_kind[kernel_kind(k["name"])][0] += 1
         by_kind[kernel_kind(k["name"])][1] += k["dur"]
-    ops = defaultdict(list)
+    ops, ranges = defaultdict(list), []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
                 and e.get("name", "").startswith("titan_fp4six::") and t0 <= e["ts"] < t1:
             ops[e["name"]].append(e["dur"])
+            ranges.append((e["tid"], e["ts"], e["ts"] + e["dur"], e["name"]))
+    # kernel time launched from inside each of the plugin's ops (a runtime launch event in the op's host range,
+    # linked to its kernel by the correlation id), by kind; the rest ran outside them (torchtitan, autograd)
+    launches = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+                and "correlation" in e.get("args", {})}
+    under = defaultdict(lambda: defaultdict(float))
+    for k in kernels:
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        owner = next((name for tid, b, f, name in ranges if launch is not None and launch["tid"] == tid
+                      and b <= launch["ts"] < f), "outside the plugin's ops")
+        under[owner][kernel_kind(k["name"])] += k["dur"] / 1e3
     return {
         "step": step["name"], "wall_ms": step["dur"] / 1e3, "gpu_busy": busy / step["dur"], "kernels": len(kernels),
         "kernel_ms": sum(k["dur"] for k in kernels) / 1e3,
@@ -258,6 +269,7 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
         "top": [{"name": n[:90], "count": c, "ms": d / 1e3}
                 for n, (c, d) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "host_ops": {n: {"calls": len(d), "mean_ms": sum(d) / len(d) / 1e3} for n, d in sorted(ops.items())},
+        "kernel_ms_by_op": {op: dict(sorted(kinds.items(), key=lambda kv: -kv[1])) for op, kinds in under.items()},
     }
 
 
@@ -268,6 +280,10 @@ def profile_markdown(s: dict, label: str) -> str:
     lines += [f"| {kind} | {v['count']} | {v['ms']:.2f} |" for kind, v in s.get("kinds", {}).items()]
     lines += ["", "| kernel | count | ms |", "| --- | --- | --- |"]
     lines += [f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top"]]
+    if s.get("kernel_ms_by_op"):
+        lines += ["", "| kernels launched by | ms by kind |", "| --- | --- |"]
+        lines += [f"| `{op}` | " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + " |"
+                  for op, kinds in s["kernel_ms_by_op"].items()]
     if s["host_ops"]:
         lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
         lines += [f"| `{n}` | {v['calls']} | {v['mean_ms']:.3f} |" for n, v in s["host_ops"].items()]
