@@ -254,7 +254,8 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
             ranges.append((e["tid"], e["ts"], e["ts"] + e["dur"], e["name"]))
     # kernel time launched from inside each of the plugin's ops (a runtime launch event in the op's host range,
     # linked to its kernel by the correlation id), by kind; the rest ran outside them (torchtitan, autograd)
-    launches = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+    launches = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X"
+                and e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "correlation" in e.get("args", {})}
     under = defaultdict(lambda: defaultdict(float))
     for k in kernels:

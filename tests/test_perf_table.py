@@ -38,3 +38,25 @@ def test_rows_ratios_targets_and_parts_not_run(tmp_path):
     assert rows["public quantize 1024x1024, host us per call"] == ["25.0", "<= 20", "no |"]
     assert rows["peak memory / bf16 (largest of the recipes)"] == ["1.06", "<= 1.05", "no |"]  # 30B eager 42.4/40
     assert len(bars) == 7 and all(b[2] == (b[1] >= 1) for b in bars)
+
+
+def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
+    from scripts.runs import kernel_kind, profile_step
+
+    def x(name, cat, ts, dur, **args):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": 1, "args": args}
+
+    events = [x("ProfilerStep#9", "user_annotation", 0, 1000),
+              x("titan_fp4six::dense_fwd", "user_annotation", 100, 200),
+              x("cuLaunchKernelEx", "cuda_driver", 150, 5, correlation=1),
+              x("cudaLaunchKernel", "cuda_runtime", 160, 5, correlation=2),
+              x("cudaLaunchKernel", "cuda_runtime", 500, 5, correlation=3),
+              x("_quantize_kernel", "kernel", 200, 40, correlation=1),
+              x("nvjet_sm90_tst_192x192", "kernel", 240, 100, correlation=2),
+              x("void at::native::direct_copy_kernel_cuda", "kernel", 600, 60, correlation=3)]
+    s = profile_step(events)
+    assert s["kinds"] == {"GEMM": {"count": 1, "ms": 0.1}, "copies/casts": {"count": 1, "ms": 0.06},
+                          "quantize": {"count": 1, "ms": 0.04}}
+    assert s["kernel_ms_by_op"] == {"titan_fp4six::dense_fwd": {"GEMM": 0.1, "quantize": 0.04},
+                                    "outside the plugin's ops": {"copies/casts": 0.06}}
+    assert s["gpu_busy"] == 0.2 and kernel_kind("_rht16_columns_kernel") == "RHT"
