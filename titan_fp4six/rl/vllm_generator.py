@@ -24,6 +24,7 @@ from torch import nn
 
 from ..integration.hf_config import qwen3_config
 from ..ops.stats import MAP4_STATS
+from ..vllm_plugin import scalar_inductor_on_default_capability
 from .experts import ExpertWeightCache, cached_experts
 from .forward import decoder_layer, embed, kernels, logits_of
 from .generator import Rollout
@@ -43,12 +44,7 @@ def import_vllm():
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
         raise ValueError("rl.generator='vllm' runs the engine in this process: unset VLLM_ENABLE_V1_MULTIPROCESSING "
                          f"or set it to 0 (got {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})")
-    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
-        # vLLM's sampler torch.compiles a helper (its logprob ranks), and Inductor's C++ code for it uses
-        # at::vec types that the default-capability build does not declare: compile it scalar
-        import torch._inductor.config
-
-        torch._inductor.config.cpp.simdlen = 1
+    scalar_inductor_on_default_capability()
     try:
         import vllm
     except ImportError as e:

@@ -12,6 +12,20 @@ once.
 """
 
 
+import os
+
+
 def register() -> None:
     """The `vllm.general_plugins` entry point: register `four_over_six` with vLLM (idempotent)."""
+    scalar_inductor_on_default_capability()
     from . import config  # noqa: F401  (its decorator registers the config class)
+
+
+def scalar_inductor_on_default_capability() -> None:
+    """Under ATEN_CPU_CAPABILITY=default, vLLM's sampler torch.compiles a helper (its logprob ranks) whose Inductor
+    C++ uses at::vec types that the default-capability build does not declare ("'at::vec' has not been
+    declared"): compile it scalar there. Also called by the RL vLLM generator before it starts an engine."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.simdlen = 1
