@@ -34,14 +34,14 @@ def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
     return rules.bf16_layers(order, cfg, section, type(model).__name__)
 
 
-def _section(job_config, kind: str):
+def configured_section(job_config, kind: str):
     """The [quantize.<kind>.four_over_six] section, or None without the plugin's config module."""
     return getattr(getattr(getattr(job_config, "quantize", None), kind, None), FAMILY, None)
 
 
 def section_config(job_config, kind: str):
     """The section of converter `kind`, which the config module adds (and registers the converters with)."""
-    cfg = _section(job_config, kind)
+    cfg = configured_section(job_config, kind)
     if cfg is None:
         raise ValueError(f"model.converters lists quantize.{kind}.{FAMILY} but its config section is missing: set "
                          f'[job] custom_config_module = "{CONFIG_MODULE}"')
@@ -92,7 +92,7 @@ def check_sections_have_converters(job_config) -> None:
         with open(job_config.job.config_file, "rb") as f:
             written = tomllib.load(f).get("quantize", {})
     for kind in KINDS:
-        cfg, name = _section(job_config, kind), f"quantize.{kind}.{FAMILY}"
+        cfg, name = configured_section(job_config, kind), f"quantize.{kind}.{FAMILY}"
         if cfg is None or name in job_config.model.converters:
             continue
         if FAMILY in written.get(kind, {}) or cfg != type(cfg)():

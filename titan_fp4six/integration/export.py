@@ -41,7 +41,7 @@ from ..modules.linear import FourOverSixLinear
 from ..ops import quantize_grouped_weight, quantize_linear_weight
 from ..ops.checkpoint import QUANT_METHOD, serving_knobs, weight_tensors
 from . import job_config as _job_config  # noqa: F401  (registers the plugin's sections and flavors)
-from .converters import KINDS, _section
+from .converters import KINDS, configured_section
 from .flavors import check_flavor
 from .hf_config import check_hf_equivalent, qwen3_config
 
@@ -83,7 +83,7 @@ def converted_model(job_config, spec, args, state: dict[str, torch.Tensor]) -> t
     """The recipe's model on the CPU holding `state`, converted by the recipe's converters (which modules they
     convert, with which recipe), its quantizers on the CPU's implementations (the same bytes everywhere)."""
     for kind in KINDS:
-        cfg = _section(job_config, kind)
+        cfg = configured_section(job_config, kind)
         if cfg is not None:
             cfg.quantizer, cfg.gemm = "auto", "emulated"
     with torch.device("cpu"):
