@@ -43,7 +43,7 @@ from ..ops.checkpoint import QUANT_METHOD, serving_knobs, weight_tensors
 from . import job_config as _job_config  # noqa: F401  (registers the plugin's sections and flavors)
 from .converters import KINDS, configured_section
 from .flavors import check_flavor
-from .hf_config import check_hf_equivalent, qwen3_config
+from .hf_config import check_hf_equivalent, qwen3_config, tokenizer_ids
 
 FORMATS = ("bf16", "nvfp4")
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -174,11 +174,9 @@ def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
         tensors, quantization = nvfp4_state(job_config, spec, args, state)
     else:
         tensors = hf_state(spec, state, args, torch.bfloat16)
-    tokenizer = json.loads((assets / "tokenizer_config.json").read_text())
-    vocab = json.loads((assets / "tokenizer.json").read_text())
-    ids = {t["content"]: t["id"] for t in vocab.get("added_tokens", [])} | vocab["model"]["vocab"]
-    config = qwen3_config(args, architecture=None, max_positions=args.max_seq_len, eos_id=ids[tokenizer["eos_token"]],
-                          bos_id=ids[tokenizer["bos_token"]], dtype="bfloat16")
+    _, bos, eos = tokenizer_ids(assets)
+    config = qwen3_config(args, architecture=None, max_positions=args.max_seq_len, eos_id=eos, bos_id=bos,
+                          dtype="bfloat16")
     if quantization is not None:
         config["quantization_config"] = quantization
     from safetensors.torch import save_file

@@ -1,8 +1,22 @@
-"""The Hugging Face `config.json` of a torchtitan Qwen3 model (dense or MoE), and the checks that the architecture
-vLLM and transformers know computes what the torchtitan model computes.
+"""The Hugging Face `config.json` of a torchtitan Qwen3 model (dense or MoE), the checks that the architecture
+vLLM and transformers know computes what the torchtitan model computes, and a tokenizer folder's ids.
 
 Used by the export (`titan_fp4six.export`: the real `Qwen3MoeForCausalLM` / `Qwen3ForCausalLM`) and by the RL
 vLLM generator (the same sizes under the package's own registered architecture)."""
+
+import json
+from pathlib import Path
+
+
+def tokenizer_ids(directory: str | Path) -> tuple[dict[str, int], int, int]:
+    """(token -> id, the added tokens included, the bos id, the eos id) of a Hugging Face tokenizer folder
+    (tokenizer.json and tokenizer_config.json)."""
+    directory = Path(directory)
+    data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    vocab = dict(data["model"]["vocab"])
+    vocab.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})
+    return vocab, vocab[config["bos_token"]], vocab[config["eos_token"]]
 
 
 def check_hf_equivalent(model_name: str, model_args) -> None:

@@ -7,10 +7,11 @@ its mass on one symbol for every prompt (its softmax gradient favours the likeli
 never gets sampled); see docs/rl.md.
 """
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..integration.hf_config import tokenizer_ids
 
 
 @dataclass(frozen=True)
@@ -24,17 +25,12 @@ class Vocabulary:
 
     @classmethod
     def from_tokenizer(cls, directory: str | Path, alphabet: str) -> "Vocabulary":
-        directory = Path(directory)
-        data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
-        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-        vocab = dict(data["model"]["vocab"])
-        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})
+        vocab, bos, eos = tokenizer_ids(directory)
         missing = [c for c in alphabet + "=" if c not in vocab]
         if missing or len(set(alphabet)) != len(alphabet) or "=" in alphabet:
             raise ValueError(f"rl.alphabet={alphabet!r}: needs distinct single-character tokens of "
-                             f"{directory / 'tokenizer.json'} other than '='; missing: {missing}")
-        return cls(tuple(vocab[c] for c in alphabet), vocab["="], vocab[config["bos_token"]],
-                   vocab[config["eos_token"]])
+                             f"{Path(directory) / 'tokenizer.json'} other than '='; missing: {missing}")
+        return cls(tuple(vocab[c] for c in alphabet), vocab["="], bos, eos)
 
 
 @dataclass(frozen=True)
