@@ -131,3 +131,11 @@ def test_map4_counting_runs_only_on_steps_that_log(monkeypatch):
         counted.append(MAP4_STATS.enabled)  # what the ops of this step see
         assert p.should_log(step) == (step == 1 or step % 5 == 0)
     assert counted == [step == 1 or step % 5 == 0 for step in range(1, 12)]
+
+
+def test_an_emulation_forced_by_the_environment_counts_no_fp4_flops(monkeypatch):
+    """TITAN_FP4SIX_EMULATE=1 runs every GEMM emulated: MFU must not be taken against the FP4 peak."""
+    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "1")
+    assert metrics.fp4_flops_per_param(FourOverSixRecipe(), False) == 0
+    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "0")
+    assert metrics.fp4_flops_per_param(FourOverSixRecipe(), False) == 6

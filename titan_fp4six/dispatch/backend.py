@@ -71,14 +71,20 @@ def environment_overrides() -> tuple[str | None, bool]:
     return quantizer, emulate == "1"
 
 
+def emulated(gemm: str) -> bool:
+    """Whether the GEMMs of a recipe with this `gemm` knob are emulated on every device: the knob says so, or
+    EMULATE_ENV=1 overrides it (the rule resolve_backends and the MFU accounting share)."""
+    return gemm == "emulated" or environment_overrides()[1]
+
+
 def resolve_backends(quantizer: str, gemm: str, device: torch.device) -> Backends:
     """The implementations the knobs `quantizer` and `gemm` name on `device`, after the environment overrides;
     an implementation the knob requires but the device lacks is an error here, not at a later call."""
-    override, emulate = environment_overrides()
+    override, _ = environment_overrides()
     quantizer = override or quantizer
     if quantizer != "reference":
         quantizer = _kernels_or_reference(quantizer == "triton", device)
-    if gemm == "emulated" or emulate:
+    if emulated(gemm):
         return Backends(quantizer, False)
     if gemm == "fp4":
         require_fp4(device)

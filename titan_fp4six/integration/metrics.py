@@ -26,7 +26,7 @@ import torch
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
-from ..dispatch.backend import fp4_available
+from ..dispatch.backend import emulated, fp4_available
 from ..ops.recipe import FourOverSixRecipe
 from ..ops.stats import MAP4_STATS
 from . import fidelity, rounding
@@ -51,9 +51,10 @@ def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
 
     The forward GEMM (2), per-tensor, per-group or row-scaled, plus for a backward resolving to "quantized" the
     dgrad (2) and, dense only, the wgrad (2; the grouped wgrad, over each group's tokens, is always emulated:
-    docs/ops.md); other backwards are bf16. None where the recipe's `gemm` knob is "emulated".
+    docs/ops.md); other backwards are bf16. None where the GEMMs are emulated (the `gemm` knob, or
+    TITAN_FP4SIX_EMULATE=1).
     """
-    if recipe.gemm == "emulated":
+    if emulated(recipe.gemm):
         return 0
     if recipe.plan(grouped).backward != "quantized":
         return 2
