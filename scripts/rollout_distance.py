@@ -154,7 +154,8 @@ def report(result: dict) -> str:
         for metric, label in (("kl", "KL(bf16 || quantized), nats/token"), ("dlogp", "mean |logp difference|")):
             s = result["summary"][data][metric]
             lines += [f"**{data}: {label}** (n = {s['variants']['4/6, tensor']['n']} windows, 95% intervals)", "",
-                      "| activation scaling | NVFP4 | 4/6 | 4/6 - NVFP4 | 4/6 / NVFP4 |", "| --- | --- | --- | --- | --- |"]
+                      "| activation scaling | NVFP4 | 4/6 | 4/6 - NVFP4 | 4/6 / NVFP4 |",
+                      "| --- | --- | --- | --- | --- |"]
             for scaling in ("tensor", "row"):
                 p = s["pairs"][scaling]
                 r = p["ratio"]

@@ -211,7 +211,7 @@ KERNEL_KINDS = (  # (kind, name patterns), first match wins; the plugin's Triton
     ("attention", ("flash", "fmha", "attn", "cudnn")),
     ("GEMM", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "wgmma", "grouped_mm", "cublas", "Kernel2")),
     ("gathers/scatters", ("index", "gather", "scatter", "CatArray", "sort", "histc", "cumsum", "nonzero")),
-    ("copies/casts", ("copy", "memcpy", "memset", "fill", "Memcpy", "Memset")),
+    ("copies/casts", ("copy", "memcpy", "memset", "fill")),
     ("reductions", ("reduce", "norm", "softmax", "max", "sum")),
 )
 
@@ -225,8 +225,9 @@ def kernel_kind(name: str) -> str:
 
 def profile_step(events: list[dict], top: int = 12) -> dict:
     """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
-    wall), kernel count and time, kernel time by kind (kernel_kind), the top kernels by total time, and the host time per call of the plugin's ops
-    (titan_fp4six::*: custom ops when compiled, record_function ranges in eager)."""
+    wall), kernel count and time, kernel time by kind (kernel_kind) and by the plugin op that launched it, the top
+    kernels by total time, and the host time per call of the plugin's ops (titan_fp4six::*: custom ops when
+    compiled, record_function ranges in eager)."""
     steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     if not steps:
         raise ValueError("no ProfilerStep#N span in the trace")
@@ -241,11 +242,11 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
             busy += stop - begin
             end = stop
     by_name, by_kind = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
-    for k in kernels:
-        by_name[k["name"]][0] += 1
-        by_name[k["name"]][1] += k["dur"]
-        by_kind[kernel_kind(k["name"])][0] += 1
-        by_kind[kernel_kind(k["name"])][1] += k["dur"]
+    kinds = [kernel_kind(k["name"]) for k in kernels]
+    for k, kind in zip(kernels, kinds):
+        for table, key in ((by_name, k["name"]), (by_kind, kind)):
+            table[key][0] += 1
+            table[key][1] += k["dur"]
     ops, ranges = defaultdict(list), []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
@@ -258,15 +259,16 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
                 and e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "correlation" in e.get("args", {})}
     under = defaultdict(lambda: defaultdict(float))
-    for k in kernels:
+    for k, kind in zip(kernels, kinds):
         launch = launches.get(k.get("args", {}).get("correlation"))
         owner = next((name for tid, b, f, name in ranges if launch is not None and launch["tid"] == tid
                       and b <= launch["ts"] < f), "outside the plugin's ops")
-        under[owner][kernel_kind(k["name"])] += k["dur"] / 1e3
+        under[owner][kind] += k["dur"] / 1e3
     return {
         "step": step["name"], "wall_ms": step["dur"] / 1e3, "gpu_busy": busy / step["dur"], "kernels": len(kernels),
         "kernel_ms": sum(k["dur"] for k in kernels) / 1e3,
-        "kinds": {kind: {"count": c, "ms": d / 1e3} for kind, (c, d) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])},
+        "kinds": {kind: {"count": c, "ms": d / 1e3}
+                  for kind, (c, d) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])},
         "top": [{"name": n[:90], "count": c, "ms": d / 1e3}
                 for n, (c, d) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "host_ops": {n: {"calls": len(d), "mean_ms": sum(d) / len(d) / 1e3} for n, d in sorted(ops.items())},

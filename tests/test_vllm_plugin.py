@@ -95,7 +95,8 @@ def test_every_quantized_parameter_is_the_trainers_quantization(served):
             q = {n: quantize_grouped_weight(getattr(experts, n).transpose(-2, -1), recipe=experts.recipe)
                  for n in ("w1", "w2", "w3")}
             e, n = experts.w1.shape[:2]
-            assert torch.equal(layer.w13_weight, torch.cat([q["w1"].codes.view(e, n, -1), q["w3"].codes.view(e, n, -1)], 1))
+            w13 = torch.cat([q["w1"].codes.view(e, n, -1), q["w3"].codes.view(e, n, -1)], 1)
+            assert torch.equal(layer.w13_weight, w13)
             assert torch.equal(layer.w2_weight, q["w2"].codes.view(e, -1, q["w2"].codes.shape[-1]))
             assert torch.equal(layer.w13_weight_scale_2,
                                global_decode_factor(torch.stack([q["w1"].amax, q["w3"].amax], 1), 256))

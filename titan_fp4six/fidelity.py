@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         config.checkpoint.enable, config.checkpoint.folder = True, os.path.abspath(ours.checkpoint)
     check_converter_names(config)
     check_world_size(config.parallelism, int(os.environ["WORLD_SIZE"]))
-    out = writable_folder(Path(ours.out or Path(config.job.dump_folder) / "fidelity"))
+    out = Path(ours.out) if ours.out else writable_folder(Path(config.job.dump_folder) / "fidelity")  # --out: _parse
     trainer = Trainer(config)
     try:
         if ours.checkpoint:

@@ -84,7 +84,7 @@ def plan(args, trainer: list[str]) -> tuple[list, list[Job]]:
         configs[v.name] = home[v.name] / "variants" / f"{v.slug}.toml"
         if v.name in shared:
             _check_same_training(configs[v.name], v.recipe)
-        if v.name not in shared:
+        else:
             _check_same_variant(configs[v.name], v.recipe, args.out)
         if not args.report_only and not (v.name in shared and configs[v.name].is_file()):  # the other folder's stays
             configs[v.name].parent.mkdir(parents=True, exist_ok=True)

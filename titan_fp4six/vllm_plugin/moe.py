@@ -28,9 +28,9 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
         if not self.moe.is_act_and_mul:
             raise ValueError("four_over_six: routed experts without a gated activation (w1 and w3) are not supported")
 
-        def add(name, shape, dtype, kind):
-            param = torch.nn.Parameter(torch.full(shape, torch.nan, dtype=torch.float32).to(dtype),
-                                       requires_grad=False)
+        def add(name, shape, dtype, kind):  # scales and factors NaN until loaded: an unloaded expert decodes to NaN
+            data = torch.empty(shape, dtype=dtype)
+            param = torch.nn.Parameter(data if dtype == torch.uint8 else data.fill_(torch.nan), requires_grad=False)
             layer.register_parameter(name, param)
             set_weight_attrs(param, {**extra_weight_attrs, "quant_method": kind.value})
         block, tensor = FusedMoeWeightScaleSupported.BLOCK, FusedMoeWeightScaleSupported.TENSOR
