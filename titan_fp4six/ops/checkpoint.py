@@ -5,8 +5,8 @@ packed E2M1 codes, element 2j in the low nibble), `weight_scale` (float8_e4m3fn 
 block; a 16x16 tile's scale is repeated on its 16 rows, as the quantizer stores it) and `weight_scale_2` (FP32
 (1,), the global decode factor amax * fl(1/(6B)) itself). It was chosen over compressed-tensors'
 `nvfp4-pack-quantized` because that format stores the global scale as a divisor G and engines decode with
-fl(1/G): fl(1/fl(1/f)) != f for 14-17% of FP32 factors f, so that export could not be bit-exact with a
-plain reciprocal. The factor is all the emulated and the FP4 GEMMs use of a weight's amax (docs/numerics.md, Decode);
+fl(1/G): fl(1/fl(1/f)) != f for about 17% of FP32 factors f (uniformly drawn), so that export could not be
+bit-exact with a plain reciprocal. The factor is all the emulated and the FP4 GEMMs use of a weight's amax (docs/numerics.md, Decode);
 `amax_for_factor` gives back an amax with exactly that factor.
 
 `serving_knobs` / `serving_recipe`: the recipe knobs that decide what an inference forward computes (the
