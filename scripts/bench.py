@@ -425,6 +425,14 @@ GROUPED = [  # name, routed rows M, K, N, experts E (top-8 routing; DeepSeek-V3:
     ("qwen3-30b-a3b experts w2", 8192 * 8, 768, 2048, 128),
 ]
 QUICK_DENSE = [("quick dense", 256, 256, 128)]
+GEMM_MODES = {  # the op rows of `gemm`: each backward mode, and the full recipe (16x16 weights by default)
+    "quantized": FourOverSixRecipe(backward="quantized"),
+    "quantized wgrad_rht": FourOverSixRecipe(backward="quantized", wgrad_rht=True),
+    "full (rht, stochastic dy)": FourOverSixRecipe(backward="quantized", wgrad_rht=True,
+                                                   gradient_rounding="stochastic"),
+    "high_precision": FourOverSixRecipe(backward="high_precision"),
+    "dequantized": FourOverSixRecipe(backward="dequantized"),
+}
 QUICK_GROUPED = [("quick grouped", 512, 256, 128, 4)]
 
 
@@ -461,11 +469,11 @@ def cmd_gemm(args):
           f"{'Blackwell NVFP4' if backends_for('auto', 'auto', device).fp4 else 'emulated (bf16 decode, FP32 accumulation)'}, "
           f"bf16 decode for emulation {not backends_for('auto', 'auto', device).fp4}; fwd+bwd ms, mean of {args.iters} after "
           f"{args.warmup} warm-up")
-    print(f"{'shape':40s} {'op':28s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
+    print(f"{'shape':40s} {'op':36s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
 
     def line(label, op, step, base=None) -> float:
         ms = gpu_ms(step, args.iters, args.warmup)
-        print(f"{label:40s} {op:28s} {ms:9.3f} {ms / (base or ms):7.2f} {_host_syncs(step):6d}")
+        print(f"{label:40s} {op:36s} {ms:9.3f} {ms / (base or ms):7.2f} {_host_syncs(step):6d}")
         return ms
 
     for label, m, k, n in QUICK_DENSE if args.quick else DENSE:
@@ -473,8 +481,7 @@ def cmd_gemm(args):
         w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
         base = line(label, "bf16 F.linear", _fwd_bwd(lambda: F.linear(x, w), (x, w), dy))
-        for mode in ("quantized", "quantized wgrad_rht", "high_precision", "dequantized"):
-            recipe = FourOverSixRecipe(backward=mode.split()[0], wgrad_rht=mode.endswith("wgrad_rht"))
+        for mode, recipe in GEMM_MODES.items():
             line("", "4/6 linear " + mode, _fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy),
                  base)
         del x, w, dy
@@ -486,8 +493,7 @@ def cmd_gemm(args):
         offs = _offsets(m, e, device, gen)
         base = line(label, "bf16 torch._grouped_mm",
                     _fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy))
-        for mode in ("quantized", "quantized wgrad_rht", "high_precision", "dequantized"):
-            recipe = FourOverSixRecipe(backward=mode.split()[0], wgrad_rht=mode.endswith("wgrad_rht"))
+        for mode, recipe in GEMM_MODES.items():
             line("", "4/6 grouped " + mode, _fwd_bwd(
                 lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe), (a, w), dy), base)
         del a, w, dy

@@ -19,14 +19,14 @@ def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug
 
     from titan_fp4six.kernels.quantize import CHECK_OPTIONS, _quantize_kernel
 
-    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "group_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
-                "map4_ptr": "*i64" if map4 == 2 else "*i1", "dec_ptr": "*bf16"}  # as the launcher passes them
+    pointers = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "group_ptr": "*i64", "blocks_ptr": "*i32", "codes_ptr": "*u8",
+                "scales_ptr": "*u8", "map4_ptr": "*i64" if map4 == 2 else "*i1", "dec_ptr": "*bf16"}  # as the launcher passes them
     constexprs = dict(KIND=1, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=four_six, VEC=True, PTX=True, SCALAR_AMAX=False, BR=1, NB=32, TRANSPOSED=False,
                       MAP6_ONLY=False, CHECK_AMAX=check_amax, GROUPS=groups, BY_GROUP=groups,
-                      MAP4=map4 if four_six else 0, STOCHASTIC=False)
-    scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
-               "M": "i32", "seed": "i64"}
+                      MAP4=map4 if four_six else 0, STOCHASTIC=False, TOKEN_BLOCKS=False)
+    scalars = {"R": "i32", "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "amax_cols": "i32",
+               "CHUNKS": "i32", "M": "i32", "seed": "i64"}
     signature = {**pointers, **scalars, **{k: "constexpr" for k in constexprs}}
     src = ASTSource(fn=_quantize_kernel, signature=signature, constexprs=constexprs)
     try:

@@ -31,20 +31,20 @@ def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
 
 
 def _quantizer_ptx(kind: int, four_six: bool, transposed: bool, stochastic: bool = False, vec: bool = True,
-                   seed: str = "i64") -> str:
+                   seed: str = "i64", token_blocks: bool = False) -> str:
     """PTX of the quantizer as the launcher compiles it for a 16-byte aligned x (vec: the vector loads it then
     takes, kernels.quantize._vector_loads; seed: "i32" as Triton types a seed below 2^31, "i64" above)."""
     from titan_fp4six.kernels.quantize import COLUMN_LAUNCH, LAUNCH, _quantize_kernel
 
     launch = (COLUMN_LAUNCH if transposed else LAUNCH)["1x16" if four_six else "nvfp4", True]
     signature = {"x_ptr": ("*fp32", "*bf16", "*fp16")[kind], "amax_ptr": "*fp32", "group_ptr": "*fp32",
-                 "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16", "R": "i32",
-                 "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32", "CHUNKS": "i32",
-                 "M": "i32", "seed": seed}
+                 "blocks_ptr": "*i32", "codes_ptr": "*u8", "scales_ptr": "*u8", "map4_ptr": "*i1", "dec_ptr": "*bf16",
+                 "R": "i32", "NBLK": "i32", "row_words": "i32", "amax_div": "i32", "n_groups": "i32",
+                 "amax_cols": "i32", "CHUNKS": "i32", "M": "i32", "seed": seed}
     constexprs = dict(KIND=kind, FOUR_SIX=four_six, TILE16=False, MSE=True, SIX_B=1536.0, R6B=1.0 / 1536.0,
                       WRITE_DEC=True, VEC=vec, PTX=True, SCALAR_AMAX=False, BR=launch.rows,
                       NB=launch.blocks, TRANSPOSED=transposed, MAP6_ONLY=False, CHECK_AMAX=False, GROUPS=False,
-                      BY_GROUP=False, MAP4=int(four_six), STOCHASTIC=stochastic)
+                      BY_GROUP=False, MAP4=int(four_six), STOCHASTIC=stochastic, TOKEN_BLOCKS=token_blocks)
     return _compile(_quantize_kernel, signature, constexprs, launch.warps,
                     divisible=("x_ptr", "codes_ptr", "scales_ptr", "map4_ptr", "dec_ptr"))
 
@@ -58,25 +58,27 @@ def _check_rounding(ptx: str) -> None:
     assert not re.search(r"\.f64\b", ptx)
 
 
-def test_columnwise_four_over_six_with_decode():
+@pytest.mark.parametrize("token_blocks", (False, True))
+def test_columnwise_four_over_six_with_decode(token_blocks):
     """Same explicit FMAs as the row-major 1x16 kernel: two per element and candidate, three per candidate's
-    bounds, two for div6, four per candidate's Newton inverse scale."""
-    ptx = _quantizer_ptx(1, True, True)
+    bounds, two for div6, four per candidate's Newton inverse scale; read by token blocks (step 1 per block) too."""
+    ptx = _quantizer_ptx(1, True, True, token_blocks=token_blocks)
     assert _fmas(ptx) == 2 * 16 * 2 + 3 * 2 + 2 + 4 * 2
     assert re.search(r"\bdiv\.rn\.f32\b", ptx)
     _check_rounding(ptx)
 
 
-@pytest.mark.parametrize("kind, transposed", ((1, False), (0, True)))
-def test_nvfp4_with_decode(kind, transposed):
-    ptx = _quantizer_ptx(kind, False, transposed)
+@pytest.mark.parametrize("kind, transposed, token_blocks", ((1, False, False), (0, True, False), (1, True, True)))
+def test_nvfp4_with_decode(kind, transposed, token_blocks):
+    ptx = _quantizer_ptx(kind, False, transposed, token_blocks=token_blocks)
     assert _fmas(ptx) == 0
     _check_rounding(ptx)
 
 
-@pytest.mark.parametrize("kind, transposed, seed", ((1, False, "i64"), (0, False, "i32"), (2, True, "i64"),
-                                                   (1, True, "i32")))
-def test_nvfp4_stochastic_with_decode(kind, transposed, seed):
+@pytest.mark.parametrize("kind, transposed, seed, token_blocks", ((1, False, "i64", False), (0, False, "i32", False),
+                                                                 (2, True, "i64", False), (1, True, "i32", False),
+                                                                 (1, True, "i64", True)))
+def test_nvfp4_stochastic_with_decode(kind, transposed, seed, token_blocks):
     """Stochastic rounding adds no FMA.rn but the Newton inverse scale's (below) and no FP64 to the NVFP4 kernel,
     and keeps subnormals (no .ftz instruction but that reciprocal's seed: tl.math.ceil's cvt.rpi.ftz would flush a
     subnormal t to 0). Its integer work sits on the FMA pipe (kernels/encode.py, kernels/philox.py): per block
@@ -87,8 +89,8 @@ def test_nvfp4_stochastic_with_decode(kind, transposed, seed):
     packed code but the first of each word. The code holds all of it twice: in the chunk loop and in the rewrite
     of a program's chunks that meet a NaN |q| (with their NaN codes), which the loop only notes. The loop's
     inverse scale is newton_inverse_scale's (one rcp.approx and its four FMAs, no division); the rewrite, which
-    also takes the rows whose S_dec is outside that function's range, divides."""
-    ptx = _quantizer_ptx(kind, False, transposed, stochastic=True, seed=seed)
+    also takes the rows whose S_dec is outside that function's range, divides. Read by token blocks the same."""
+    ptx = _quantizer_ptx(kind, False, transposed, stochastic=True, seed=seed, token_blocks=token_blocks)
     copies = 2
     assert _fmas(ptx) == 4 and len(re.findall(r"\brcp\.approx\.ftz\.f32\b", ptx)) == 1
     assert re.search(r"\bdiv\.rn\.f32\b", ptx)

@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,
-                                         compare_nvfp4_decode, compare_row_groups, decode_case, epilogue_cases,
-                                         row_groups_cases)
+                                         compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
+                                         epilogue_cases, row_groups_cases, token_block_cases)
 from titan_fp4six import dispatch
 from titan_fp4six.numerics.spec import four_over_six_spec
 
@@ -195,6 +195,18 @@ def test_map6_only_kernels_match_reference(dtype):
     want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
     got = run_quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, False), "triton", False)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("rows, cols", [(50, 32), (100, 36), (3001, 528), (4096, 2048)])
+def test_token_blocks_sweep(kq, rows, cols):
+    """The columnwise quantizer reading the grouped wgrad's token blocks in place (group amaxes per block, per group
+    or per group and column; 4/6, map-to-6 only, NVFP4, stochastic NVFP4; empty and short groups, NaN past
+    offs[-1]; a column count that is not a multiple of the programs' columns, a row stride wider than the row)
+    against the reference on this GPU."""
+    gen = torch.Generator().manual_seed(rows)
+    bad = [f"{label}: {diff}" for label, *case in token_block_cases(gen, "cuda", rows, cols)
+           if (diff := compare_token_blocks(kq, *case))]
+    assert not bad, "\n".join(bad[:20])
 
 
 def test_epilogue_sweep():

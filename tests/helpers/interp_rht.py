@@ -10,7 +10,8 @@ from tests.helpers.rht_cases import edge_matrix, same_bits
 from titan_fp4six.kernels import hadamard as kh
 from titan_fp4six.kernels import quantize as kq
 from titan_fp4six.numerics.hadamard import rht16_columns_reference
-from titan_fp4six.numerics.reference import four_over_six_reference, nvfp4_reference, tensor_amax_reference
+from titan_fp4six.numerics.reference import (TokenBlocks, four_over_six_reference, nvfp4_reference,
+                                             tensor_amax_reference)
 from titan_fp4six.numerics.spec import OperandSpec
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -34,6 +35,17 @@ def main() -> int:
         got, want = kh.rht16_columns(x), rht16_columns_reference(x)
         if not same_bits(got, want):
             print(f"MISMATCH transform {name}")
+            return 1
+        configs += 1
+    # the grouped wgrad's token-block layout read in place (empty groups, a group under 16 tokens, rows past
+    # offs[-1] holding NaN that no block reads), against the transform of the gathered layout
+    g = torch.Generator().manual_seed(2)
+    for ends in ([0, 12, 12, 30, 47], [50]):
+        x = torch.randn(50, 48, generator=g).bfloat16()
+        x[ends[-1]:] = float("nan")
+        blocks = TokenBlocks.of(torch.tensor(ends, dtype=torch.int32), x.shape[0])
+        if not same_bits(kh.rht16_token_blocks(x, blocks.table), rht16_columns_reference(blocks.gather(x))):
+            print(f"MISMATCH token blocks {ends}")
             return 1
         configs += 1
     # the transformed columnwise operand: kernel transform -> amax -> columnwise quantizer, against the reference

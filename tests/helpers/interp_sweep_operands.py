@@ -4,7 +4,8 @@ token groups against the reference compositions on the CPU.
 
     TRITON_INTERPRET=1 python -m tests.helpers.interp_sweep_operands [SECTION ...]  (all: none)
 
-SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check, token_groups, row_groups.
+SECTION: nvfp4_decode, columnwise, decode, map6_only, epilogue, amax_check, token_groups, row_groups,
+token_blocks.
 
 Prints one line per mismatching configuration and a final `configs N mismatches M` line. A thin sample that
 keeps the interpreter's time small (few programs per launch); the GPU sweep (test_kernels_operands_gpu.py)
@@ -21,8 +22,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import _data, amax_check_cases, near_tie_case  # noqa: E402
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
-                                         compare_nvfp4_decode, compare_row_groups, decode_case, epilogue_cases,
-                                         row_groups_cases)
+                                         compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
+                                         epilogue_cases, row_groups_cases, token_block_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 from titan_fp4six.dispatch import tensor_amax  # noqa: E402
@@ -181,6 +182,13 @@ def token_groups(gen):
             yield f"token_groups/{offs.tolist()}/{dtype}/per_row={per_row}", bad
 
 
+def token_blocks(gen):
+    """The columnwise quantizer reading the grouped wgrad's token blocks in place (per-block group amaxes, per group
+    or per group and column; every spec of the quantized backward) against the reference of the gathered layout."""
+    for label, x, tb, amax, spec, seed in token_block_cases(gen, "cpu"):
+        yield label, compare_token_blocks(kq, x, tb, amax, spec, seed)
+
+
 def row_groups(gen):
     """Amax read per row by the kernels (token groups, per-row tokens, expert runs), the map-to-4 mask, counts
     and neither, and the dequantizer; then the counts of programs of several chunks, some redone exactly after
@@ -212,7 +220,7 @@ def main() -> int:
     start = time.time()
     sections = {"nvfp4_decode": nvfp4_decode, "columnwise": columnwise, "decode": decode, "map6_only": map6_only,
                 "epilogue": epilogue, "amax_check": amax_check, "token_groups": token_groups,
-                "row_groups": row_groups}
+                "row_groups": row_groups, "token_blocks": token_blocks}
     for name in sys.argv[1:] or sections:
         for label, bad in sections[name](gen):
             configs += 1

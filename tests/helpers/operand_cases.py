@@ -105,9 +105,10 @@ def decode_case(rows, cols, gen, edge: bool):
 
 
 def epilogue_cases(gen, device, sizes=((37, 300), (16, 16))):
-    """(label, dense or grouped, args) of the GEMM epilogue: products with NaN, +-Inf, +-0 and values that
+    """(label, dense, grouped or wgrad, args) of the GEMM epilogue: products with NaN, +-Inf, +-0 and values that
     round across bf16 / fp16 boundaries and overflow; amaxes per tensor, row or group including 0, NaN and Inf;
-    grouped rows past offs[-1] holding NaN garbage."""
+    grouped rows past offs[-1] holding NaN garbage; the grouped wgrad's per-group and per-column factors and an
+    empty group."""
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 65504.0, 3.4e38, 1e-40])
     for (m, n), out_dtype, bound in zip(sizes * 3, (torch.bfloat16, torch.float16, torch.float32) * 2, (256, 448) * 3):
         acc = torch.randn(m, n, generator=gen) * 2.0 ** torch.randint(-20, 20, (m, n), generator=gen)
@@ -130,12 +131,25 @@ def epilogue_cases(gen, device, sizes=((37, 300), (16, 16))):
                    (prod.to(device), a_amax.to(device), per_group, w_amax.to(device), group_of_row.to(device), bound,
                     out_dtype))
         assert experts == w_amax.numel()
+        # the grouped wgrad (E, R, C): a group's rows share fa, fb per group or per group and column; an empty group
+        r = max(m // experts, 1)
+        wprod = torch.cat([acc] * experts)[:experts * r].reshape(experts, r, n).to(torch.bfloat16)
+        empty = torch.tensor([False, True, False, False])
+        col_amax = torch.rand(experts, n, generator=gen) * 1e2
+        col_amax.view(-1)[:4] = torch.tensor([0.0, float("nan"), float("inf"), 3e38])
+        for b_amax in (w_amax, col_amax):
+            yield (f"wgrad/{experts}x{r}x{n}/{out_dtype}/{bound}/b{tuple(b_amax.shape)}", "wgrad",
+                   (wprod.to(device), torch.tensor([2.0, 9.0, 0.0, float("nan")]).to(device), bound,
+                    b_amax.to(device), 448, empty.to(device), out_dtype))
 
 
 def compare_epilogue(ke, kind, args):
-    """The epilogue kernel against scale_cast_reference / grouped_scale_cast_reference."""
+    """The epilogue kernel against scale_cast_reference / grouped_scale_cast_reference /
+    grouped_wgrad_scale_cast_reference."""
     if kind == "dense":
         got, want = ke.scale_cast(*args), reference.scale_cast_reference(*args)
+    elif kind == "wgrad":
+        got, want = ke.grouped_wgrad_scale_cast(*args), reference.grouped_wgrad_scale_cast_reference(*args)
     else:
         got, want = ke.grouped_scale_cast(*args), reference.grouped_scale_cast_reference(*args)
     return _diffs(kind, {"out": got}, {"out": want})
@@ -194,3 +208,51 @@ def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
         ref = reference.dequantize_reference(codes, scales, amax_rows, scale_bound, dtype)
         bad += _diffs(f"dequantize[{dtype}]", {"v": got}, {"v": ref})
     return bad
+
+
+TOKEN_BLOCK_ENDS = ([0, 12, 12, 30, 47], [3, 40], [50])  # an empty first group, a repeated end, a group of
+# fewer than 16 tokens, rows past offs[-1] (NaN there), all rows one group
+
+
+def token_block_cases(gen, device, rows=50, cols=32, kinds=("normal", "ties", "wide", "saturate", "nan_inf",
+                                                            "low_edge", "tiny_amax", "zero_amax", "nan_amax"),
+                      dtypes=(torch.bfloat16, torch.float16, torch.float32)):
+    """(label, x, TokenBlocks, amax, spec, seed) of the grouped wgrad's columnwise operands read by token blocks:
+    every data kind with one amax per group (a kind's given amax, else the groups' own, one group's replaced by
+    the kind's) or per group and column (the groups' own), 4/6 in both error modes and bounds, map-to-6 only,
+    NVFP4 and stochastic NVFP4; rows past offs[-1] hold NaN, which no block reads."""
+    from titan_fp4six.dispatch.amax import group_index, run_group_column_amax, run_token_groups
+    from titan_fp4six.numerics.spec import NVFP4_STOCHASTIC
+
+    specs = (four_over_six_spec("1x16", "mse", 256, True), four_over_six_spec("1x16", "mae", 448, True),
+             four_over_six_spec("1x16", "mse", 256, False), NVFP4, NVFP4_STOCHASTIC)
+    for index, kind in enumerate(kinds):
+        dtype = dtypes[index % len(dtypes)]
+        ends = TOKEN_BLOCK_ENDS[index % len(TOKEN_BLOCK_ENDS)]
+        offs = torch.tensor(ends, dtype=torch.int32, device=device)
+        x, given = _data(kind, rows, -(-cols // 16) * 16, 256, gen)  # the kinds' data comes in 16-element runs
+        x = x.to(dtype)[:, :cols]  # a row stride wider than the row where cols is not a multiple of 16
+        x[ends[-1]:] = float("nan")
+        x = x.to(device)
+        tb = reference.TokenBlocks.of(offs, rows)
+        group_amax = run_token_groups(x, offs, False, "reference")[0]
+        if given is not None:
+            group_amax = group_amax.clone()
+            group_amax[-1] = given.to(device)
+        column_amax = run_group_column_amax(x, group_index(offs, rows), offs.numel())
+        for spec_index, spec in enumerate(specs):
+            amax = column_amax if spec_index == 1 else group_amax
+            seed = 12345 + index if spec.rounding == "stochastic" else None
+            yield (f"token_blocks/{kind}/{dtype}/{ends}/{spec.candidates}/{spec.err_mode}/{spec.scale_bound}/"
+                   f"{spec.rounding}/amax{tuple(amax.shape)}", x, tb, amax, spec, seed)
+
+
+def compare_token_blocks(kq, x, tb, amax, spec, seed):
+    """The quantizer reading x in place by token blocks against the reference of the gathered layout
+    (dispatch.quantize.run_quantize_token_blocks with the reference), codes, scales and decode."""
+    from titan_fp4six.dispatch.quantize import run_quantize_token_blocks
+
+    codes, scales, _, dec = kq.quantize_token_blocks(x, tb.table, amax, spec, True, seed)
+    want = run_quantize_token_blocks(x, tb, amax, spec, "reference", True, seed)
+    return _diffs("token_blocks", {"codes": codes, "scales": scales, "dec": dec},
+                  {"codes": want[0], "scales": want[1], "dec": want[2]})

@@ -28,7 +28,10 @@ def run_grouped_scale_cast(prod: torch.Tensor, a_amax: torch.Tensor, a_per_group
 
 
 def run_grouped_wgrad_scale_cast(prod: torch.Tensor, a_amax: torch.Tensor, a_bound: int, b_amax: torch.Tensor,
-                                 b_bound: int, empty_groups: torch.Tensor, dtype) -> torch.Tensor:
-    """The grouped weight-gradient GEMM's epilogue (grouped_wgrad_scale_cast_reference): elementwise FP32 ops, the
-    same bytes on every device, so no kernel."""
+                                 b_bound: int, empty_groups: torch.Tensor, dtype, quantizer: str) -> torch.Tensor:
+    """The grouped weight-gradient GEMM's epilogue, prod (E, R, N) (grouped_wgrad_scale_cast_reference): one
+    pass of the kernel where PyTorch makes four over an FP32 copy of the product."""
+    kernels = kernels_for(prod, quantizer, "epilogue")
+    if kernels is not None:
+        return kernels.grouped_wgrad_scale_cast(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, dtype)
     return grouped_wgrad_scale_cast_reference(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, dtype)

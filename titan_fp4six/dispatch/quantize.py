@@ -11,7 +11,7 @@ from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.hadamard import rht16_columns_reference
 from ..numerics.philox import SEED_LIMIT
-from ..numerics.reference import RowGroups
+from ..numerics.reference import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
 from ..numerics.validation import check_amax_covers
 from .amax import run_tensor_amax
@@ -97,6 +97,48 @@ def run_transformed_columnwise(x: torch.Tensor, spec: OperandSpec, quantizer: st
     codes, scales, _, dec = run_quantize_columnwise(t, amax, spec.untransformed, quantizer, decode, map4=False,
                                                     seed=seed)
     return codes, scales, amax, dec
+
+
+def run_quantize_token_blocks(x: torch.Tensor, blocks: TokenBlocks, amax: torch.Tensor, spec: OperandSpec,
+                              quantizer: str, decode: bool, seed: int | None = None):
+    """(codes (C, P/2), scales (C, P/16), bf16 decode (C, P) or None): the grouped wgrad's columnwise operand of
+    x (M, C), x's token rows laid out by `blocks` and quantized along the tokens by a 1x16 `spec`, the j-th
+    16-token block of every row with its group's amax (amax (E,)) or its group's for its column (amax (E, C)).
+
+    The reference lays the blocks out as the rows of a (P/16, C * 16) matrix (one row per block index j, an
+    amax per row), or of a (P/16 * C, 16) matrix (one row per block, for per-column amaxes), and quantizes it
+    rowwise: a 1x16 block's codes and scale depend only on its 16 values and its amax, so these are the bytes of
+    the layout's transpose quantized block by block. A stochastically rounded spec (seed) takes its random bits
+    by the element's index in that block-row matrix (docs/numerics.md section 12). The kernel reads x in place
+    by the blocks' table, the same bytes."""
+    _check_untransformed(spec, "run_quantize_token_blocks")
+    kernels = kernels_for(x, quantizer, "quantize", check="eligible_columnwise")
+    if kernels is not None:
+        codes, scales, _, dec = kernels.quantize_token_blocks(x, blocks.table, amax, spec, decode, seed)
+        return codes, scales, dec
+    laid = blocks.gather(x)
+    p, c = laid.shape
+    block_amax = blocks.block_amax(amax)
+    rows = laid.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2)
+    if block_amax.dim() == 1:
+        rows = rows.reshape(p // BLOCK_SIZE, c * BLOCK_SIZE)
+    else:
+        rows, block_amax = rows.reshape(-1, BLOCK_SIZE), block_amax.reshape(-1)
+    codes, scales, _, dec = run_quantize(rows, block_amax.contiguous(), spec, quantizer, decode, map4=False, seed=seed)
+    codes = codes.view(p // BLOCK_SIZE, c, BLOCK_SIZE // 2).transpose(0, 1).reshape(c, p // 2)
+    scales = scales.view(torch.uint8).view(p // BLOCK_SIZE, c).t().contiguous().view(torch.float8_e4m3fn)
+    if dec is not None:
+        dec = dec.view(p // BLOCK_SIZE, c, BLOCK_SIZE).transpose(0, 1).reshape(c, p)
+    return codes, scales, dec
+
+
+def run_rht16_token_blocks(x: torch.Tensor, blocks: TokenBlocks, quantizer: str) -> torch.Tensor:
+    """x's token rows laid out by `blocks` (P, C), each 16-token block of every column transformed by the
+    16-point randomized Hadamard transform (run_rht16_columns of the layout; the kernel reads x in place)."""
+    kernels = kernels_for(x, quantizer, "hadamard")
+    if kernels is not None:
+        return kernels.rht16_token_blocks(x, blocks.table)
+    return rht16_columns_reference(blocks.gather(x))
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str,

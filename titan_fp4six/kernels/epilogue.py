@@ -2,7 +2,8 @@
 cast to the output dtype, in one pass (PyTorch needed five small kernels for it: two factors, their product,
 the multiply and the cast; the grouped form also a gather and a select).
 
-Bitwise equal to reference.scale_cast_reference / grouped_scale_cast_reference: fa = amax_a * fl(1/(6B)) and
+Bitwise equal to reference.scale_cast_reference / grouped_scale_cast_reference /
+grouped_wgrad_scale_cast_reference: fa = amax_a * fl(1/(6B)) and
 fb = amax_b * fl(1/(6B)) in FP32, their product first, then the product times it, one rounding at a time (no
 FMA contraction), cast with round-to-nearest-even (NaN as PyTorch casts it).
 """
@@ -60,8 +61,41 @@ def _scale_cast_kernel(acc_ptr, a_amax_ptr, b_amax_ptr, group_ptr, out_ptr, M, N
 _SCALE_CAST = FastLaunch(_scale_cast_kernel)
 
 
+@triton.jit(do_not_specialize=["rows_per_group", "b_col_step"])
+def _wgrad_scale_cast_kernel(prod_ptr, a_amax_ptr, b_amax_ptr, empty_ptr, out_ptr, rows_per_group, N, b_col_step,
+                             A_R6B: tl.constexpr, B_R6B: tl.constexpr, OUT: tl.constexpr, BF16_BITS: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr):
+    """The grouped wgrad's (E*R, N) product, group e owning rows eR..eR+R-1: out[r, c] = prod[r, c] * (fa(e) *
+    fb(e, c)), fb(e, c) from b_amax (E,) or (E, N) (b_col_step 0 or 1), +0 for an
+    empty group. BF16_BITS: prod is a bf16 product passed as int16, converted by its bits (exact, subnormals
+    included, under Triton's interpreter too)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)  # the grid covers the rows exactly (BM divides R)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    in_cols = cols < N
+    group = rows // rows_per_group
+    keep = tl.load(empty_ptr + group).to(tl.int32) == 0
+    fa = tl.load(a_amax_ptr + group) * A_R6B
+    # per group: b_amax[e] (b_col_step 0); per group and column: b_amax[e * N + c] (b_col_step 1)
+    fb = tl.load(b_amax_ptr + group.to(tl.int64)[:, None] * (1 + (N - 1) * b_col_step) + cols[None, :] * b_col_step,
+                 mask=in_cols[None, :], other=0.0) * B_R6B
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    v = tl.load(prod_ptr + offs, mask=in_cols[None, :], other=0)
+    if BF16_BITS:
+        v = (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    v = v.to(tl.float32) * (fa[:, None] * fb)
+    v = tl.where(keep[:, None], v, 0.0)
+    if OUT == 0:
+        v = bf16_rne(v)
+    elif OUT == 1:
+        v = v.to(tl.float16)
+    tl.store(out_ptr + offs, v, mask=in_cols[None, :])
+
+
+_WGRAD_SCALE_CAST = FastLaunch(_wgrad_scale_cast_kernel)
+
+
 def eligible(acc: torch.Tensor) -> bool:
-    """Products the epilogue takes: contiguous CUDA (M, N)."""
+    """Products the epilogue takes: contiguous CUDA (M, N) (or (E, R, N) for the grouped wgrad)."""
     return acc.is_cuda and acc.is_contiguous()
 
 
@@ -93,3 +127,21 @@ def grouped_scale_cast(prod, a_amax, a_per_group: bool, w_amax, group_of_row, sc
     scale_bound for both factors, w_bound for fw where given."""
     return _launch(prod, a_amax, A_GROUP if a_per_group else A_ROW, w_amax, group_of_row, scale_bound,
                    w_bound or scale_bound, dtype)
+
+
+def grouped_wgrad_scale_cast(prod, a_amax, a_bound: int, b_amax, b_bound: int, empty_groups, dtype):
+    """prod (E, R, N) * (fa(e) * fb) in dtype, fa = a_amax[e] * fl(1/(6B_a)), fb per group (b_amax (E,)) or per
+    group and column (b_amax (E, N)) times fl(1/(6B_b)); empty groups' slices are +0."""
+    experts, r, n = prod.shape
+    out = torch.empty(experts, r, n, dtype=dtype, device=prod.device)
+    rows_per_program = next(b for b in (BLOCK_ROWS, 8, 4, 2, 1) if r % b == 0)
+    grid = (experts * r // rows_per_program, cdiv(n, BLOCK_COLS))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"a product of shape {tuple(prod.shape)} needs {grid[1]} programs along a row; the grid "
+                         f"takes at most {MAX_GRID_Y}")
+    if prod.numel():
+        bf16 = prod.dtype == torch.bfloat16
+        _WGRAD_SCALE_CAST(grid, prod.view(torch.int16) if bf16 else prod, a_amax, b_amax, empty_groups, out, r, n,
+                          int(b_amax.dim() == 2), f32_reciprocal(6.0 * a_bound), f32_reciprocal(6.0 * b_bound),
+                          OUT_KIND[dtype], bf16, rows_per_program, BLOCK_COLS, num_warps=WARPS, **COMPILE_OPTIONS)
+    return out

@@ -49,16 +49,25 @@ def _store_from_f32(ptr, offs, v, mask, KIND: tl.constexpr):
 
 
 @triton.jit
-def _rht16_columns_kernel(x_ptr, out_ptr, M, K, stride, KIND: tl.constexpr, NEG: tl.constexpr,
-                          BK: tl.constexpr):
+def _rht16_columns_kernel(x_ptr, blocks_ptr, out_ptr, M, K, stride, NBLK, KIND: tl.constexpr, NEG: tl.constexpr,
+                          BK: tl.constexpr, TOKEN_BLOCKS: tl.constexpr):
+    """Output rows 16b..16b+15 (b the program's block) of BK columns: x's rows 16b + i below M, or with
+    TOKEN_BLOCKS the block's rows of x by its entry in the token-block table (first row blocks_ptr[b], tokens
+    blocks_ptr[NBLK + b]), transformed."""
     row0 = tl.program_id(0) * 16
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     in_cols = cols < K
+    if TOKEN_BLOCKS:
+        first = tl.load(blocks_ptr + tl.program_id(0))
+        rows = tl.load(blocks_ptr + NBLK + tl.program_id(0))
+    else:
+        first = row0
+        rows = M - row0
     ys = ()
     for i in tl.static_range(16):
-        row = row0 + i
         # the row test as a tensor: Triton's interpreter cannot combine a scalar bool with a tensor
-        v = _load_f32(x_ptr, row.to(tl.int64) * stride + cols, in_cols & (tl.zeros_like(cols) + row < M), KIND)
+        v = _load_f32(x_ptr, (first + i).to(tl.int64) * stride + cols, in_cols & (tl.zeros_like(cols) + i < rows),
+                      KIND)
         v = v * 0.25
         if (NEG >> i) & 1:  # -(v * 0.25) is v * -0.25: rounding to nearest is symmetric
             v = -v
@@ -92,7 +101,20 @@ def rht16_columns(x: torch.Tensor) -> torch.Tensor:
     rows = -(-m // 16) * 16
     out = torch.empty(rows, k, dtype=x.dtype, device=x.device)
     if rows and k:
-        _rht16_columns_kernel[(rows // 16, cdiv(k, BLOCK_K))](_bits(x), _bits(out), m, k, x.stride(0),
-                                                              _KIND[x.dtype], _NEG_MASK, BLOCK_K,
+        _rht16_columns_kernel[(rows // 16, cdiv(k, BLOCK_K))](_bits(x), out, _bits(out), m, k, x.stride(0), 0,
+                                                              _KIND[x.dtype], _NEG_MASK, BLOCK_K, False,
                                                               **COMPILE_OPTIONS)
+    return out
+
+
+def rht16_token_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x's token rows laid out by the token-block table `blocks` ((3, P/16) int32: each block's first row of x and
+    its tokens, numerics.reference.TokenBlocks.table), every 16-token block of every column transformed: (P, K)
+    contiguous, in x's dtype; rows_16b+i for i past a block's tokens transform as zeros."""
+    k = x.shape[1]
+    nblk = blocks.shape[1]
+    out = torch.empty(nblk * 16, k, dtype=x.dtype, device=x.device)
+    if nblk and k:
+        _rht16_columns_kernel[(nblk, cdiv(k, BLOCK_K))](_bits(x), blocks, _bits(out), x.shape[0], k, x.stride(0), nblk,
+                                                        _KIND[x.dtype], _NEG_MASK, BLOCK_K, True, **COMPILE_OPTIONS)
     return out

@@ -112,6 +112,17 @@ def column_start(rows64, blks, stride, M):
 
 
 @triton.jit
+def token_block_start(rows64, blks, stride, blocks_ptr, NBLK):
+    """column_start for the grouped wgrad's token-block layout of a row-major x (M, K): block b of output row k
+    is x[start_b + i, k] for i < left_b (the block's tokens; the rest of the 16 read as zeros), start_b and left_b
+    at blocks_ptr[b] and blocks_ptr[NBLK + b] (int32)."""
+    inside = blks < NBLK
+    start = tl.load(blocks_ptr + blks, mask=inside, other=0)
+    left = tl.load(blocks_ptr + NBLK + blks, mask=inside, other=0)
+    return start.to(tl.int64) * stride + rows64, stride, left
+
+
+@triton.jit
 def load_column_tile(ptr, where, mask, KIND: tl.constexpr, VEC: tl.constexpr):
     """The 16 elements of each block of x^T as one (BR, NB, 16) tile, element i of a block x[16b + i, k] (ptr
     addresses elements: int16 for 16-bit input, int32 for fp32); missing rows (padding) load as +0. One load,

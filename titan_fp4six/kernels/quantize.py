@@ -28,7 +28,8 @@ from .encode import (NEWTON_S_DEC_MAX, NEWTON_S_DEC_MIN, candidate_scales, decod
                      inverse_scale, newton_inverse_scale, stochastic_codes, with_signs)
 from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, error_bounds, exact_candidate,
                        fast_candidate, four_six_exact, tile_max, value_step)
-from .operand_words import block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk
+from .operand_words import (block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk,
+                            token_block_start)
 
 
 class Launch(NamedTuple):
@@ -102,14 +103,57 @@ def _bit_or(a, b):
     return a | b
 
 
-@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_div", "n_groups", "CHUNKS", "M", "seed"])
-def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK, row_words,
-                     amax_div, n_groups, CHUNKS, M, seed, KIND: tl.constexpr, FOUR_SIX: tl.constexpr,
+@triton.jit
+def _global_scales(amax, six_b):
+    """Spec step 1 from each row's (or block's) global amax: (S_enc, S_dec, -S_dec)."""
+    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
+    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_dec = div(1.0, s_enc)
+    return s_enc, s_dec, (s_dec.to(tl.int32, bitcast=True) ^ SIGN_BIT).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nvfp4_multiplier(s_enc):
+    """Standard NVFP4's scale input multiplier S_enc * fl(1/6)."""
+    return s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
+
+
+@triton.jit
+def _stochastic_settled(amax, s_dec):
+    """Rows (blocks) the stochastic chunk loop settles: amax >= 0 (not NaN) and S_dec inside
+    newton_inverse_scale's range (amax below ~2^-88 or above ~2^50, not 0, are outside)."""
+    return (amax >= 0.0) & (s_dec >= NEWTON_S_DEC_MIN) & (s_dec <= NEWTON_S_DEC_MAX)
+
+
+@triton.jit
+def _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols):
+    """Each block's global amax in the token-block layout: its group's (amax (E,), amax_cols 0) or its group's
+    for its row (amax (E, R), amax_cols 1); 0 for blocks of no group (group n_groups) and outside the matrix."""
+    group = tl.load(blocks_ptr + 2 * NBLK + blks, mask=blks < NBLK, other=n_groups)
+    index = group.to(tl.int64) * (1 + (R - 1) * amax_cols) + rows * amax_cols
+    return tl.load(amax_ptr + index, mask=(rows < R) & (group < n_groups), other=0.0)
+
+
+@triton.jit
+def _block_where(rows64, blks, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS: tl.constexpr):
+    """Where the transposed kernel reads block `blks` of output row k (rows64): column_start's x^T of a row-major
+    x, or with TOKEN_BLOCKS token_block_start's layout of x's token groups."""
+    if TOKEN_BLOCKS:
+        where = token_block_start(rows64, blks, row_words, blocks_ptr, NBLK)
+    else:
+        where = column_start(rows64, blks, row_words, M)
+    return where
+
+
+@triton.jit(do_not_specialize=["R", "NBLK", "row_words", "amax_div", "n_groups", "amax_cols", "CHUNKS", "M", "seed"])
+def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_ptr, map4_ptr, dec_ptr, R, NBLK,
+                     row_words, amax_div, n_groups, amax_cols, CHUNKS, M, seed, KIND: tl.constexpr,
+                     FOUR_SIX: tl.constexpr,
                      TILE16: tl.constexpr, MSE: tl.constexpr, SIX_B: tl.constexpr, R6B: tl.constexpr,
                      WRITE_DEC: tl.constexpr, VEC: tl.constexpr, PTX: tl.constexpr, SCALAR_AMAX: tl.constexpr,
                      BR: tl.constexpr, NB: tl.constexpr, TRANSPOSED: tl.constexpr = False, MAP6_ONLY: tl.constexpr = False,
                      CHECK_AMAX: tl.constexpr = False, GROUPS: tl.constexpr = False, BY_GROUP: tl.constexpr = False,
-                     MAP4: tl.constexpr = 1, STOCHASTIC: tl.constexpr = False):
+                     MAP4: tl.constexpr = 1, STOCHASTIC: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False):
     """A program quantizes BR rows x CHUNKS chunks of NB blocks (one block per thread), so the per-row work
     (amax, global scales) and the program's launch are shared by CHUNKS blocks per thread.
 
@@ -131,6 +175,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     its block b x[16b:16b+16, k] (rows from M on read as zeros), x_ptr addresses elements, row_words is x's row
     stride in elements; only the loads differ (load_column_tile and column_words build the same words), the rest
     is shared.
+
+    TOKEN_BLOCKS (with TRANSPOSED) reads the grouped wgrad's token-block layout of x in place: block b of every
+    output row is 16 rows of x from blocks_ptr[b] (its first row), of which blocks_ptr[NBLK + b] are tokens (the
+    rest read as zeros), with the amax of its group blocks_ptr[2 NBLK + b] (per group, or per group and output
+    row with amax_cols; _token_block_amax), so step 1 runs per block inside the chunk loop. A stochastic spec's
+    random bits then follow the element's index in the (NBLK, R * 16) matrix of blocks by block index
+    (docs/numerics.md section 12), the layout the reference quantizes.
 
     The launcher passes x, codes, map4 and the decode in their own dtypes (a host-side dtype view costs ~1 us
     each); the kernel reads x as int32 words (int16 elements when TRANSPOSED reads a 16-bit x) and writes codes
@@ -170,18 +221,17 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
         lanes = tl.arange(0, NB)[None, :]
     rows64 = rows.to(tl.int64)
 
-    # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks.
-    if SCALAR_AMAX:
-        amax = tl.load(amax_ptr)
-        data = rows < R
-    else:
-        amax, data = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
-    s_enc = clamp_max(tl.math.div_rn(tl.zeros_like(amax) + six_b, amax), FLT_MAX)
-    s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
-    s_dec = div(1.0, s_enc)
-    neg_s_dec = (s_dec.to(tl.int32, bitcast=True) ^ SIGN_BIT).to(tl.float32, bitcast=True)
-    # A tensor even from a scalar amax: Triton's interpreter cannot combine a scalar bool with a tensor.
-    row_fast = amax_in_fast_range(tl.broadcast_to(amax, rows.shape))
+    # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks (per block with
+    # TOKEN_BLOCKS: in the chunk loop).
+    if not TOKEN_BLOCKS:
+        if SCALAR_AMAX:
+            amax = tl.load(amax_ptr)
+            data = rows < R
+        else:
+            amax, data = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
+        s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
+        # A tensor even from a scalar amax: Triton's interpreter cannot combine a scalar bool with a tensor.
+        row_fast = amax_in_fast_range(tl.broadcast_to(amax, rows.shape))
 
     WORDS: tl.constexpr = 16 if KIND == 0 else 8
     PERMUTE: tl.constexpr = PTX and STOCHASTIC  # block_magnitudes' byte-permute form, columnwise
@@ -189,33 +239,43 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
     # Per thread, bit c: a block of chunk c needs the exact arithmetic. Kept per thread and or-reduced once after
     # the loop: a reduction per chunk costs a shared-memory round trip and two barriers in 2-warp programs.
     deferred = tl.zeros(rows.shape, tl.int32) + tl.zeros(lanes.shape, tl.int32)
-    if not FOUR_SIX:  # NVFP4's scale input: bamax * (S_enc * fl(1/6))
-        mult = s_enc * div(1.0, tl.full(s_enc.shape, 6.0, tl.float32))
-    if STOCHASTIC:  # NaN once a chunk has a NaN |q|, or from the start for a row whose amax is negative or NaN or
-        # whose S_dec is outside newton_inverse_scale's range (amax below ~2^-88 or above ~2^50, not 0)
-        settled_row = (amax >= 0.0) & (s_dec >= NEWTON_S_DEC_MIN) & (s_dec <= NEWTON_S_DEC_MAX)
-        unsettled = tl.where(settled_row, 0.0, float("nan")) + tl.zeros(deferred.shape, tl.float32)
+    if not FOUR_SIX and not TOKEN_BLOCKS:  # NVFP4's scale input: bamax * (S_enc * fl(1/6))
+        mult = _nvfp4_multiplier(s_enc)
+    if STOCHASTIC:  # NaN once a chunk has a NaN |q|, or from the start for a row that _stochastic_settled leaves
+        if TOKEN_BLOCKS:
+            unsettled = tl.zeros(deferred.shape, tl.float32)
+        else:
+            unsettled = tl.where(_stochastic_settled(amax, s_dec), 0.0, float("nan")) + tl.zeros(deferred.shape,
+                                                                                                  tl.float32)
     if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
         hits = deferred
         blocks = deferred
         picked = deferred
     if TRANSPOSED:
-        tile_next = load_column_tile(x_ptr, column_start(rows64, first, row_words, M), (rows < R) & (first < NBLK),
-                                     KIND, VEC)
+        tile_next = load_column_tile(x_ptr, _block_where(rows64, first, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS),
+                                     (rows < R) & (first < NBLK), KIND, VEC)
     else:
         ws_next = load_words(x_ptr, rows64 * row_words + first * WORDS, (rows < R) & (first < NBLK), WORDS, VEC)
     for chunk in tl.range(CHUNKS):
         blks = first + chunk * NB
         ok = (rows < R) & (blks < NBLK)
         if TRANSPOSED:
-            word = column_start(rows64, blks, row_words, M)
+            word = _block_where(rows64, blks, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS)
         else:
             word = rows64 * row_words + blks * WORDS
+        if TOKEN_BLOCKS:  # step 1 per block
+            amax = _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols)
+            s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
+            row_fast = amax_in_fast_range(amax)
+            if not FOUR_SIX:
+                mult = _nvfp4_multiplier(s_enc)
+            if STOCHASTIC:
+                unsettled = tl.where(_stochastic_settled(amax, s_dec), unsettled, float("nan"))
         # Read the next chunk before working on this one: its load latency hides behind this chunk's arithmetic.
         nxt = blks + NB
         if TRANSPOSED:
             tile = tile_next
-            tile_next = load_column_tile(x_ptr, column_start(rows64, nxt, row_words, M),
+            tile_next = load_column_tile(x_ptr, _block_where(rows64, nxt, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS),
                                          (rows < R) & (nxt < NBLK) & (nxt < first + CHUNKS * NB), KIND, VEC)
             ws, xs = column_words(tile, KIND, PERMUTE)
         else:
@@ -283,8 +343,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
                 # is e4m3_byte's.
                 unsettled = nan_max(unsettled, bamax * inv)
                 sf = e4m3_byte(s)
-                lo, hi, dec = _stochastic_chunk(xs, ws, sf, inv, seed, rows64 * (NBLK * 16) + blks * 16, False, KIND,
-                                                PTX, WRITE_DEC)
+                lo, hi, dec = _stochastic_chunk(xs, ws, sf, inv, seed, _element_index(rows64, blks, R, NBLK, TOKEN_BLOCKS),
+                                                False, KIND, PTX, WRITE_DEC)
             elif tl.max(tl.where((amax >= 0.0) & (amax <= FLT_MAX) & (bamax == bamax), 0, 1)) != 0:
                 lo, hi, unused = exact_candidate(x_ptr, word, ok, s, inv, amax, six_b, KIND, False, MSE, TRANSPOSED)
                 sf = e4m3_bits(scaled)
@@ -308,15 +368,21 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
                 blks = first + chunk * NB
                 ok = (rows < R) & (blks < NBLK)
                 if TRANSPOSED:
-                    ws, xs = column_words(load_column_tile(x_ptr, column_start(rows64, blks, row_words, M), ok, KIND,
-                                                           VEC), KIND, PERMUTE)
+                    ws, xs = column_words(load_column_tile(x_ptr, _block_where(rows64, blks, row_words, M, blocks_ptr,
+                                                                               NBLK, TOKEN_BLOCKS), ok, KIND, VEC),
+                                          KIND, PERMUTE)
                 else:
                     ws = load_words(x_ptr, rows64 * row_words + blks * WORDS, ok, WORDS, VEC)
                     xs = block_magnitudes(ws, KIND)
+                if TOKEN_BLOCKS:
+                    s_enc, s_dec, neg_s_dec = _global_scales(
+                        _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols), six_b)
+                    mult = _nvfp4_multiplier(s_enc)
                 scaled = _nvfp4_scale_input(_block_amax(xs), mult)
                 sf = e4m3_bits(scaled)
                 lo, hi, dec = _stochastic_chunk(xs, ws, sf, inverse_scale(e4m3_round(scaled), s_dec), seed,
-                                                rows64 * (NBLK * 16) + blks * 16, True, KIND, PTX, WRITE_DEC)
+                                                _element_index(rows64, blks, R, NBLK, TOKEN_BLOCKS), True, KIND, PTX,
+                                                WRITE_DEC)
                 store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi, sf, dec,
                              False, TILE16, WRITE_DEC)
     if FOUR_SIX:
@@ -327,9 +393,12 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
                     blks = first + chunk * NB
                     ok = (rows < R) & (blks < NBLK)
                     if TRANSPOSED:
-                        where = column_start(rows64, blks, row_words, M)
+                        where = _block_where(rows64, blks, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS)
                     else:
                         where = rows64 * row_words + blks * WORDS
+                    if TOKEN_BLOCKS:
+                        amax = _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols)
+                        s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
                     pick, sf, lo, hi, dec = four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
                                                             TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                     store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
@@ -341,6 +410,17 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, codes_ptr, scales_ptr, map4_ptr
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
             tl.atomic_add(counts_ptr, tl.sum(hits.to(tl.int64)))
             tl.atomic_add(counts_ptr + 1, tl.sum(blocks.to(tl.int64)))
+
+
+@triton.jit
+def _element_index(rows64, blks, R, NBLK, TOKEN_BLOCKS: tl.constexpr):
+    """The flat index of each block's first element in the matrix whose index a stochastic spec's random bits
+    follow: the quantized (R, NBLK * 16) matrix, or with TOKEN_BLOCKS the (NBLK, R * 16) matrix of blocks."""
+    if TOKEN_BLOCKS:
+        index = blks.to(tl.int64) * (R * 16) + rows64 * 16
+    else:
+        index = rows64 * (NBLK * 16) + blks * 16
+    return index
 
 
 @triton.jit
@@ -408,18 +488,24 @@ def spec_flags(spec) -> SpecFlags:
 
 
 def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: bool = False, groups=None,
-            map4=True, seed=None):
+            map4=True, seed=None, token_blocks=None):
     """(codes, scales, map4 mask or None, decode or None) of the (rows, cols) matrix quantized by `spec`: x
     itself, or with `transposed` x^T of a row-major x (M, K) padded with zero rows to a multiple of 16 (rows = K,
     cols = ceil16(M)), read from x in place (1x16 specs only). check_amax: assert the public amax check on the
     device (not with `transposed`). amax and RowGroups `groups` as reference.amax_per_row reads them. map4
     (four-over-six): True returns the map-to-4 mask, False writes none, a formats.map4_count_buffer gets
     (map-to-4 blocks, blocks) of the data rows added (reference.map4_counts). seed: an int in [0, 2^63) for a
-    spec with stochastic rounding (required there, ignored otherwise)."""
+    spec with stochastic rounding (required there, ignored otherwise). token_blocks (with `transposed`): the
+    (3, P/16) int32 table of the token-block layout (quantize_token_blocks), amax per group (E,) or per group and
+    column (E, K); cols = P."""
     flags = spec_flags(spec)
     if flags.stochastic and seed is None:
         raise ValueError("a spec with rounding='stochastic' needs a seed")
-    if transposed:
+    if token_blocks is not None:
+        cols, rows = token_blocks.shape[1] * 16, x.shape[1]
+        row_words = x.stride(0)
+        launch = COLUMN_LAUNCH[flags.launch, decode]
+    elif transposed:
         cols, rows = -(-x.shape[0] // 16) * 16, x.shape[1]
         row_words = x.stride(0)  # the kernel loads elements
         launch = COLUMN_LAUNCH[flags.launch, decode]
@@ -444,15 +530,21 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
         raise ValueError(f"x of shape {tuple(x.shape)} needs {chunk_cols // chunks} programs along its blocks; the "
                          f"kernel's grid takes at most {MAX_GRID_Y}: split x")
     if rows and nblk:
-        layout = AmaxLayout.of(amax, rows, groups)
-        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, codes, scales, map4_out,
-                  scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, layout.n_groups, chunks,
-                  x.shape[0], seed if flags.stochastic else 0, _INPUT_KIND[x.dtype], flags.four_six, flags.tile16,
+        if token_blocks is None:
+            layout = AmaxLayout.of(amax, rows, groups)
+            blocks, n_groups, amax_cols = scales, layout.n_groups, 0  # blocks_ptr unused: any tensor
+        else:
+            layout = AmaxLayout(scales, 1, 0, False, False)
+            blocks, n_groups, amax_cols = token_blocks, amax.shape[0], int(amax.dim() == 2)
+        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, blocks, codes, scales, map4_out,
+                  scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, n_groups, amax_cols,
+                  chunks, x.shape[0], seed if flags.stochastic else 0, _INPUT_KIND[x.dtype], flags.four_six,
+                  flags.tile16,
                   flags.mse, flags.six_b, flags.r6b,
                   decode, _vector_loads(x, transposed, row_words, launch), x.is_cuda,
                   flags.four_six and flags.tile16 and amax.dim() == 0, launch.rows, launch.blocks, transposed,
                   flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, flags.stochastic,
-                  num_warps=launch.warps,
+                  token_blocks is not None, num_warps=launch.warps,
                   maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
 
@@ -496,3 +588,12 @@ def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True, seed=Non
     x eligible_columnwise. Returns (codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn (K, ceil16(M) / 16),
     map4 mask or None, bf16 decode (K, ceil16(M)) or None)."""
     return _launch(x, amax, spec, decode, transposed=True, map4=map4, seed=seed)
+
+
+def quantize_token_blocks(x, blocks, amax, spec, decode: bool = False, seed=None):
+    """The grouped wgrad's columnwise operand of x (M, K) read in place by token blocks (1x16 `spec`): blocks the
+    (3, P/16) int32 table (first row of x, tokens, group of each 16-token block; numerics.reference.TokenBlocks),
+    amax per group (E,) or per group and column (E, K) (FP32; blocks of no group take 0). Returns (codes uint8
+    (K, P/2), scales float8_e4m3fn (K, P/16), None, bf16 decode (K, P) or None), bitwise the reference's
+    (dispatch.quantize.run_quantize_token_blocks)."""
+    return _launch(x, amax, spec, decode, transposed=True, map4=False, seed=seed, token_blocks=blocks)

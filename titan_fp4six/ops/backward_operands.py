@@ -17,8 +17,8 @@ from ..dispatch.amax import run_expert_amax, run_tensor_amax, run_token_groups
 from ..dispatch.backend import backends_for
 from ..dispatch.quantize import padded_transpose, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
-from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
-from .grouped import _blocked, _block_amax, _token_block_operand, _token_blocks
+from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
+from .grouped import _token_block_operand
 from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand, quantize_columnwise_row_scaled,
                        quantize_operand)
 from .recipe import FourOverSixRecipe
@@ -47,10 +47,10 @@ def _columnwise(t: Tensor, op: Operand, amax: Tensor, spec, quantizer: str) -> t
 def _token_blocks_pair(t: Tensor, tb, op: Operand, amax: Tensor, spec, quantizer: str) -> tuple[Tensor, Tensor]:
     """(t^T in the grouped wgrad's token-block layout (C, P), transformed by spec.transform; its dequantized
     operand), amax per group (E,) or per group and column (E, C)."""
-    blocked = _blocked(t, tb)
+    blocked = tb.gather(t)
     if spec.transform != "none":
         blocked = run_rht16_columns(blocked, quantizer)
-    factor = global_decode_factor(_block_amax(amax, tb), spec.scale_bound).repeat_interleave(BLOCK_SIZE, dim=0)
+    factor = global_decode_factor(tb.block_amax(amax), spec.scale_bound).repeat_interleave(BLOCK_SIZE, dim=0)
     factor = factor[None, :] if factor.dim() == 1 else factor.t()
     return blocked.t(), _dequantized(op, factor.expand(blocked.shape[1], -1), quantizer)
 
@@ -100,7 +100,7 @@ def quantized_backward_operands(dy: Tensor, x: Tensor, w: Tensor, recipe: FourOv
     dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, groups, seed=GRADIENT_ROUNDING.seed_for(p.dy))
     ref = torch.where((group_of_row < experts)[:, None], dy_rows, 0)
     out["dy"] = ref, _dequantized(dyq, _rows_factor(dy_amax, rows, p.dy.scale_bound, groups), q)
-    tb = _token_blocks(offs, rows)
+    tb = TokenBlocks.of(offs, rows)
     dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
                                              GRADIENT_ROUNDING.seed_for(p.dy_t))
     out["dyT"] = _token_blocks_pair(dy, tb, dy_col, dy_t_amax, p.dy_t, q)

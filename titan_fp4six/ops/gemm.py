@@ -105,4 +105,5 @@ def grouped_wgrad_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand,
     then the factors."""
     prod = torch._grouped_mm(a.block_scaled(backends.quantizer), b.block_scaled(backends.quantizer).t(),
                              offs=token_offs)
-    return run_grouped_wgrad_scale_cast(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, out_dtype)
+    return run_grouped_wgrad_scale_cast(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, out_dtype,
+                                        backends.quantizer)

@@ -6,21 +6,19 @@ each expert's amax covering its N rows (16x16 tiles stay inside an expert when N
 offs[-1] are not tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
 """
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
 from ..dispatch.amax import run_group_column_amax, run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
-from ..dispatch.quantize import run_dequantize, run_rht16_columns
+from ..dispatch.quantize import run_dequantize, run_quantize_token_blocks, run_rht16_token_blocks
 from ..numerics.formats import BLOCK_SIZE
-from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
+from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
 from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
-from .operands import Operand, quantize_operand, quantize_token_blocks, transposed_tiles
+from .operands import Operand, quantize_operand, transposed_tiles
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
@@ -104,64 +102,27 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
             A.new_empty(e, dtype=torch.bool))
 
 
-class _TokenBlocks(NamedTuple):
-    """A's rows re-laid out for the columnwise operands of the grouped wgrad: each token group padded with zero
-    rows to a multiple of 16 tokens, so that every 16-token block lies in one group. P = ceil16(M) + 16 E
-    positions (a bound, no host sync); positions past the last group's padded end hold zeros and no group."""
-
-    src: Tensor  # (P,) int64: the row of A at each position (0 where padding)
-    valid: Tensor  # (P,) bool: the position holds a token
-    block_group: Tensor  # (P/16,) int64: each 16-token block's group, E past the last group
-    ends: Tensor  # (E,) int32: the groups' padded inclusive ends (the wgrad GEMM's offs)
-
-
-def _token_blocks(offs: Tensor, rows: int) -> _TokenBlocks:
-    experts = offs.numel()
-    offs64 = offs.long()
-    counts = torch.diff(offs64, prepend=offs64.new_zeros(1))
-    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
-    ends = torch.cumsum(padded, 0)
-    pos = torch.arange(-(-rows // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE * experts, device=offs.device)
-    group = torch.searchsorted(ends, pos, right=True)
-    g = group.clamp(max=experts - 1)
-    t = pos - (ends[g] - padded[g])
-    valid = (group < experts) & (t < counts[g])
-    src = torch.where(valid, offs64[g] - counts[g] + t, 0)
-    return _TokenBlocks(src, valid, group[::BLOCK_SIZE], ends.to(torch.int32))
-
-
-def _blocked(x: Tensor, tb: _TokenBlocks) -> Tensor:
-    """x's token rows at their _TokenBlocks positions (P, C), zeros elsewhere (rows past offs[-1] never read)."""
-    if not x.shape[0]:
-        return x.new_zeros(tb.src.shape[0], x.shape[1])
-    return torch.where(tb.valid[:, None], x.index_select(0, tb.src), 0)
-
-
-def _block_amax(table: Tensor, tb: _TokenBlocks) -> Tensor:
-    """Per-group amaxes (E,) or per group and column (E, C) -> each 16-token block's, (P/16,) or (P/16, C); 0 for
-    blocks of no group."""
-    return torch.cat((table, table.new_zeros(1, *table.shape[1:]))).index_select(0, tb.block_group)
-
-
-def _token_block_operand(x: Tensor, tb: _TokenBlocks, amax: Tensor, spec: OperandSpec, b: Backends,
+def _token_block_operand(x: Tensor, tb: TokenBlocks, amax: Tensor, spec: OperandSpec, b: Backends,
                          group_of_row: Tensor, seed: int | None = None) -> tuple[Operand, Tensor]:
-    """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by
-    _token_blocks and quantized block by block (quantize_token_blocks) with `amax`, per group (E,) or, for a
-    row-scaled spec, per group and column (E, C) (computed here from x and group_of_row). With spec.transform
-    ('rht16') every 16-token block of the layout is transformed first (each block lies in one group; a group's
-    zero padding is transformed with its tokens, and blocks past the last group stay zeros) and the amaxes are
-    the transformed layout's, per group (and column): `amax` is not used. seed: a stochastically rounded spec's."""
-    blocked = _blocked(x, tb)
+    """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by `tb` and
+    quantized block by block (run_quantize_token_blocks, reading x in place on CUDA) with `amax`, per group (E,)
+    or, for a row-scaled spec, per group and column (E, C) (computed here from x and group_of_row). With
+    spec.transform ('rht16') every 16-token block of the layout is transformed first (each block lies in one
+    group; a group's zero padding is transformed with its tokens, and blocks past the last group stay zeros) and
+    the amaxes are the transformed layout's, per group (and column): `amax` is not used. seed: a stochastically
+    rounded spec's."""
     experts = tb.ends.numel()
     if spec.transform != "none":
-        blocked = run_rht16_columns(blocked, b.quantizer)  # (P, C), P a multiple of 16: no rows appended
+        x = run_rht16_token_blocks(x, tb, b.quantizer)  # (P, C), already in the layout
+        tb = tb.laid_out()
         if spec.scaling == "row":
-            amax = run_group_column_amax(blocked, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
+            amax = run_group_column_amax(x, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
         else:  # the groups' padded ends delimit their blocks; positions past the last end belong to no group
-            amax = run_token_groups(blocked, tb.ends, False, b.quantizer)[0]
+            amax = run_token_groups(x, tb.ends, False, b.quantizer)[0]
     elif spec.scaling == "row":
         amax = run_group_column_amax(x, group_of_row, experts)
-    return quantize_token_blocks(blocked, _block_amax(amax, tb), spec.untransformed, b, seed), amax
+    codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, spec.untransformed, b.quantizer, not b.fp4, seed)
+    return Operand(codes, scales, decoded), amax
 
 
 def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
@@ -186,13 +147,13 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
         else:
             w_rows = torch.nn.functional.pad(B_t.reshape(-1, n), (0, pad_n))  # W_e^T (K, N) of each expert
             w_col = quantize_operand(w_rows, w_amax, p.w_t, b)  # each expert's amax covers its K rows
-        dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
+        dy_rows = torch.nn.functional.pad(dy, (0, pad_n)) if pad_n else dy
         dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, RowGroups(group_of_row, experts, amax_by_group=True),
                                seed=GRADIENT_ROUNDING.seed_for(p.dy))
         dA = grouped_gemm_nt(dyq, dy_amax, True, w_col, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
                              w_bound=p.w_t.scale_bound)
     if need_dw:
-        tb = _token_blocks(offs, rows)
+        tb = TokenBlocks.of(offs, rows)
         dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
                                                  GRADIENT_ROUNDING.seed_for(p.dy_t))
         x_col, x_amax = _token_block_operand(A, tb, a_amax, p.x_t, b, group_of_row)

@@ -102,30 +102,3 @@ def transposed_tiles(op: Operand, backends: Backends, experts: int = 0) -> Opera
     if experts:
         return Operand(None, None, decoded.view(experts, -1, decoded.shape[-1]).transpose(-2, -1))
     return Operand(None, None, decoded.t())
-
-
-def quantize_token_blocks(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, backends: Backends,
-                          seed: int | None = None) -> Operand:
-    """The operand of x^T (C, P) for x (P, C), P a multiple of 16, 1x16 blocks along P, the j-th block of every
-    row of x^T (x's tokens 16j..16j+15) with amax[j] (amax (P/16,)), or block j of row c with amax[j, c] (amax
-    (P/16, C)): the grouped quantized backward's columnwise operands, whose blocks each lie in one token group
-    and take the group's amax, or the group's column's.
-
-    x's 16-token blocks are laid out as the rows of a (P/16, C * 16) matrix (one row per block index j, an amax
-    per row), or of a (P/16 * C, 16) matrix (one row per block, for per-block amaxes), and quantized by the
-    rowwise quantizer (kernel or reference): a 1x16 block's codes and scale depend only on its 16 values and
-    its amax, so these are the bytes of x^T quantized block by block. A stochastically rounded spec (seed) takes
-    its random bits by the element's index in that block-row matrix (docs/numerics.md section 12)."""
-    p, c = x.shape
-    blocks = x.view(p // BLOCK_SIZE, BLOCK_SIZE, c).transpose(1, 2)
-    if amax.dim() == 1:
-        blocks = blocks.reshape(p // BLOCK_SIZE, c * BLOCK_SIZE)
-    else:
-        blocks, amax = blocks.reshape(-1, BLOCK_SIZE), amax.reshape(-1)
-    codes, scales, _, decoded = run_quantize(blocks, amax.contiguous(), spec, backends.quantizer, not backends.fp4,
-                                             map4=False, seed=seed)
-    codes = codes.view(p // BLOCK_SIZE, c, BLOCK_SIZE // 2).transpose(0, 1).reshape(c, p // 2)
-    scales = scales.view(torch.uint8).view(p // BLOCK_SIZE, c).t().contiguous().view(torch.float8_e4m3fn)
-    if decoded is not None:
-        decoded = decoded.view(p // BLOCK_SIZE, c, BLOCK_SIZE).transpose(0, 1).reshape(c, p)
-    return Operand(codes, scales, decoded)
