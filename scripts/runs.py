@@ -322,6 +322,73 @@ def cmd_profile(args, common):
         (args.out / f"{name}.profile.json").write_text(json.dumps(s, indent=1))
 
 
+# --- project: a profiled Hopper step projected onto Blackwell (B200) --------------------------------------------
+
+# Published dense tensor throughput (TFLOPS) and HBM bandwidth (TB/s): H200 SXM; B200 (HGX, per GPU).
+H200 = {"bf16": 989.0, "bandwidth": 4.8}
+B200 = {"bf16": 2250.0, "fp4": 9000.0, "bandwidth": 8.0}
+COMPUTE_KINDS = ("GEMM", "attention")
+FP4_FED_OPS = ("titan_fp4six::dense_fwd", "titan_fp4six::dense_bwd", "titan_fp4six::grouped_fwd")
+DECODE_SHARE = 2.0 / (2.0 + 0.5 + 1 / 16 + 2.0)  # of a bf16 quantize-with-decode's bytes: the bf16 decode written
+
+
+def project_step(kernel_ms_by_op: dict) -> dict:
+    """A profiled H200 step's kernel time by op and kind -> the same step on a B200, in ms by kind (a projection
+    at equal efficiency: each kernel's time scaled by the ratio of the resource that bounds it).
+
+    Compute-bound kinds (GEMM, attention) scale by tensor throughput: bf16 by B200/H200 bf16, and the GEMMs that
+    run in FP4 on Blackwell (the plugin's dense forward and backward, the grouped forward, and half the grouped
+    backward's GEMM FLOPs, its dgrad; the grouped wgrad stays emulated in bf16, docs/ops.md) by FP4 over H200
+    bf16. Every other kernel is memory-bound and scales by bandwidth; the quantize kernels of operands that feed
+    an FP4 GEMM also drop the bf16 decode they write on Hopper (DECODE_SHARE of their bytes; the grouped
+    backward's: a third of its quantizations, its dy for the dgrad). Host time is not projected."""
+    bf16, fp4 = H200["bf16"] / B200["bf16"], H200["bf16"] / B200["fp4"]
+    memory = H200["bandwidth"] / B200["bandwidth"]
+    out: dict[str, float] = {}
+    for op, kinds in kernel_ms_by_op.items():
+        for kind, ms in kinds.items():
+            if kind in COMPUTE_KINDS:
+                if op in FP4_FED_OPS:
+                    scaled = ms * fp4
+                elif op == "titan_fp4six::grouped_bwd":
+                    scaled = ms / 2 * fp4 + ms / 2 * bf16
+                else:
+                    scaled = ms * bf16
+                key = "plugin GEMMs (FP4, the grouped wgrad bf16)" if op.startswith("titan_fp4six::") else kind
+            else:
+                scaled = ms * memory
+                if kind == "quantize" and (op in FP4_FED_OPS or op == "titan_fp4six::grouped_bwd"):
+                    dropped = DECODE_SHARE if op in FP4_FED_OPS else DECODE_SHARE / 3
+                    scaled *= 1 - dropped
+                key = kind
+            out[key] = out.get(key, 0.0) + scaled
+    return out
+
+
+def cmd_project(args, common):
+    """Projects two profiles of `profile` (the bf16 twin's, then the 4/6 recipe's .profile.json) onto a B200 by
+    project_step and prints a table of kernel ms by kind: H200 measured, B200 projected, for both."""
+    twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
+    rows = {}
+    for label, prof in (("bf16", twin), ("4/6", recipe)):
+        measured: dict[str, float] = {}
+        for kinds in prof["kernel_ms_by_op"].values():
+            for kind, ms in kinds.items():
+                measured[kind] = measured.get(kind, 0.0) + ms
+        rows[label] = (measured, project_step(prof["kernel_ms_by_op"]))
+    kinds = sorted({k for m, p in rows.values() for k in (*m, *p)}, key=lambda k: -rows["4/6"][1].get(k, 0.0))
+    lines = ["| kernel kind | bf16 H200 ms | bf16 B200 ms (projected) | 4/6 H200 ms | 4/6 B200 ms (projected) |",
+             "| --- | --- | --- | --- | --- |"]
+    for k in kinds:
+        cells = [f"{rows[label][i].get(k, 0.0):.1f}" for label in ("bf16", "4/6") for i in (0, 1)]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    totals = [sum(rows[label][i].values()) for label in ("bf16", "4/6") for i in (0, 1)]
+    lines.append("| **kernel time** | " + " | ".join(f"**{t:.1f}**" for t in totals) + " |")
+    lines.append(f"\n4/6 / bf16 speed (kernel time): H200 {totals[0] / totals[2]:.2f}x measured, B200 "
+                 f"{totals[1] / totals[3]:.2f}x projected")
+    print("\n".join(lines))
+
+
 # --- perf and table: docs/performance.md's table in one sitting on one GPU -------------------------------------
 
 PERF_PARTS = ("kernels", "ops", "debug", "30b", "profiles")
@@ -708,6 +775,9 @@ def parser() -> argparse.ArgumentParser:
         s.set_defaults(handler=fn)
         return s
 
+    s = add("project", cmd_project, "two profiles (bf16 twin, 4/6 recipe) projected onto a B200")
+    s.add_argument("twin", type=Path, help="the bf16 twin's .profile.json")
+    s.add_argument("recipe", type=Path, help="the 4/6 recipe's .profile.json")
     s = add("throughput", cmd_throughput, "tokens/s and peak memory of recipes against the first, eager and compiled")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")

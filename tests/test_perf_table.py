@@ -60,3 +60,23 @@ def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
     assert s["kernel_ms_by_op"] == {"titan_fp4six::dense_fwd": {"GEMM": 0.1, "quantize": 0.04},
                                     "outside the plugin's ops": {"copies/casts": 0.06}}
     assert s["gpu_busy"] == 0.2 and kernel_kind("_rht16_columns_kernel") == "RHT"
+
+
+def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
+    """project_step: bf16 GEMMs by the bf16 throughput ratio, the plugin's forward GEMMs by FP4, the grouped
+    backward's half and half (its wgrad stays bf16), memory-bound kernels by bandwidth, and the quantize kernels
+    feeding FP4 GEMMs without their decode writes."""
+    bf16 = runs.H200["bf16"] / runs.B200["bf16"]
+    fp4 = runs.H200["bf16"] / runs.B200["fp4"]
+    memory = runs.H200["bandwidth"] / runs.B200["bandwidth"]
+    got = runs.project_step({
+        "outside the plugin's ops": {"GEMM": 10.0, "copies/casts": 4.0, "attention": 2.0},
+        "titan_fp4six::grouped_fwd": {"GEMM": 8.0, "quantize": 3.0},
+        "titan_fp4six::grouped_bwd": {"GEMM": 6.0, "quantize": 6.0, "decode": 1.0}})
+    plugin = "plugin GEMMs (FP4, the grouped wgrad bf16)"
+    assert abs(got["GEMM"] - 10.0 * bf16) < 1e-12 and abs(got["attention"] - 2.0 * bf16) < 1e-12
+    assert abs(got[plugin] - (8.0 * fp4 + 3.0 * fp4 + 3.0 * bf16)) < 1e-12
+    assert abs(got["copies/casts"] - 4.0 * memory) < 1e-12 and abs(got["decode"] - memory) < 1e-12
+    share = runs.DECODE_SHARE
+    assert abs(got["quantize"] - (3.0 * memory * (1 - share) + 6.0 * memory * (1 - share / 3))) < 1e-12
+    assert 0.4 < share < 0.5  # 2 of the 4.5625 bytes per element a bf16 quantize-with-decode moves
