@@ -98,10 +98,10 @@ _FULL = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic", 
                                                       backward="quantized"),
                                     replace(_FULL, activation_scaling="row", weight_block="1x16")])
 def test_backward_operands_are_the_ones_the_quantized_backward_multiplies(recipe, grouped):
-    """The dequantized operands of ops.backward_operands, multiplied, give the op's quantized dX and dW (the
+    """The dequantized operands of modules.fidelity.quantized_backward_operands, multiplied, give the op's quantized dX and dW (the
     Hadamard transform cancels in dY^T x): they are the op's operands, amaxes, layouts and stochastic seeds."""
     from titan_fp4six.ops import set_rounding_seed
-    from titan_fp4six.ops.backward_operands import quantized_backward_operands
+    from titan_fp4six.modules.fidelity import quantized_backward_operands
     counts = torch.tensor([21, 0, 40, 3]) if grouped else torch.tensor([50])
     m, n, k, experts = int(counts.sum()), 32, 48, counts.numel()
     x, dy = _randn(m, k), _randn(m, n, seed=2)

@@ -12,8 +12,8 @@ each format's output, gradients and operand quantizations are from the unquantiz
 - `mse_<role>`: relative quantization MSE sum (deq(q(t)) - t)^2 / sum t^2 of each operand the GEMMs quantize,
   with the op's amax, block, bound and candidate choice: x and w of the forward, and those of the quantized
   backward (whichever backward the recipe runs): dy, dyT (standard NVFP4), xT and wT, as the op quantizes them
-  (ops.backward_operands: per token group amaxes of grouped dy, column amaxes of row-scaled x^T, the
-  wgrad operands Hadamard-transformed with wgrad_rht and measured against the transformed tensor, dy rounded
+  (ops.grad_operands, the op's own builder: per token group amaxes of grouped dy, column amaxes of row-scaled
+  x^T, the wgrad operands Hadamard-transformed with wgrad_rht and measured against the transformed tensor, dy rounded
   stochastically with gradient_rounding; 16x16 tiles transpose, so wT equals w there).
 - `map4_fraction`: share of x's and w's forward 1x16 blocks that store map-to-4.
 
@@ -33,10 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-from ..numerics.formats import STANDARD_BOUND
+from ..dispatch.amax import run_token_groups
+from ..dispatch.backend import backends_for
+from ..dispatch.quantize import padded_transpose, run_rht16_columns
+from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
+from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
 from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
-from ..ops.backward_operands import quantized_backward_operands
+from ..ops.grad_operands import dense_grad_operands, grouped_grad_operands
+from ..ops.operands import Operand, quantize_operand
 from ..ops.recipe import GemmPlan
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
@@ -147,6 +152,79 @@ def _activation_amax(case: GemmCase, plan: GemmPlan) -> torch.Tensor:
         return tensor_amax(x)
     sizes = torch.diff(case.offs, prepend=case.offs.new_zeros(1))
     return group_amax(x, case.offs).repeat_interleave(sizes, output_size=x.shape[0])
+
+
+def _dequantized(op: Operand, factor: torch.Tensor, quantizer: str) -> torch.Tensor:
+    """op's block-scaled decode in FP32 (R, C) times the global decode factor of each row (R,) or element (R, C)."""
+    decoded = op.block_scaled(quantizer).float()
+    decoded = decoded.reshape(-1, decoded.shape[-1])  # an (E, K, N) view of transposed expert tiles -> rows
+    return decoded * (factor[:, None] if factor.dim() == 1 else factor)
+
+
+def _row_factors(amax: torch.Tensor, rows: int, bound: int, groups: RowGroups | None = None) -> torch.Tensor:
+    return global_decode_factor(amax_per_row(amax, rows, groups).float().expand(rows), bound)
+
+
+def _columnwise_pair(t: torch.Tensor, op: Operand, amax: torch.Tensor, spec: OperandSpec,
+                     quantizer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t^T as the columnwise quantizer reads it: transformed by spec.transform, zero-padded to ceil16(M) tokens;
+    its dequantized operand), amax () or one per row of t^T."""
+    ref = padded_transpose(run_rht16_columns(t, quantizer) if spec.transform != "none" else t)
+    return ref, _dequantized(op, _row_factors(amax, ref.shape[0], spec.scale_bound), quantizer)
+
+
+def _token_blocks_pair(t: torch.Tensor, tb: TokenBlocks, op: Operand, amax: torch.Tensor, spec: OperandSpec,
+                       quantizer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t^T in the grouped wgrad's token-block layout (C, P), transformed by spec.transform; its dequantized
+    operand), amax per group (E,) or per group and column (E, C)."""
+    laid = tb.gather(t)
+    if spec.transform != "none":
+        laid = run_rht16_columns(laid, quantizer)
+    factor = global_decode_factor(tb.block_amax(amax), spec.scale_bound).repeat_interleave(BLOCK_SIZE, dim=0)
+    factor = factor[None, :] if factor.dim() == 1 else factor.t()
+    return laid.t(), _dequantized(op, factor.expand(laid.shape[1], -1), quantizer)
+
+
+@torch.no_grad()
+def quantized_backward_operands(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, recipe: FourOverSixRecipe,
+                                offs: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{role: (operand, its dequantization)} for roles dy, dyT, xT, wT of the GEMM x (M, K) times w^T with output
+    gradient dy (M, N), under `recipe` with backward='quantized': dense (w (N, K), offs None) or grouped (w (E, N,
+    K) experts, offs the int32 inclusive token-group ends). The operands are the op's own
+    (ops.grad_operands, seeds from GRADIENT_ROUNDING in the op's order), each next to the tensor its quantizer
+    reads: dy (grouped: rows past offs[-1] zero, N zero-padded to a multiple of 16 for 1x16 weights); dyT and xT
+    transposed and blocked along the tokens (dense: zero-padded to ceil16(M); grouped: each group padded to
+    16-token blocks), Hadamard-transformed with wgrad_rht; wT = W^T (16x16: the forward's tiles transposed)."""
+    grouped = offs is not None
+    p = replace(recipe, backward="quantized").plan(grouped=grouped)  # wgrad_rht, gradient_rounding kept
+    b = backends_for(p.quantizer, p.gemm, dy.device)
+    q = b.quantizer
+    if not grouped:
+        w_amax = tensor_amax(w)
+        tiles = quantize_operand(w, w_amax, p.w, b) if p.w_t.block == "16x16" else None  # the forward's tiles
+        x_amax = row_amax(x) if p.row_scaled else tensor_amax(x)
+        g = dense_grad_operands(dy, x, w, tiles, x_amax, w_amax, p, b, True, True)
+        return {"dy": (dy, _dequantized(g.dy, _row_factors(g.dy_amax, dy.shape[0], p.dy.scale_bound), q)),
+                "dyT": _columnwise_pair(dy, g.dy_t, g.dy_t_amax, p.dy_t, q),
+                "xT": _columnwise_pair(x, g.x_t, g.x_t_amax, p.x_t, q),
+                "wT": (_columnwise_pair(w, g.w_t, w_amax, p.w_t, q) if p.w_t.block == "1x16" else
+                       (w.t(), _dequantized(g.w_t, _row_factors(w_amax, w.shape[1], p.w_t.scale_bound), q)))}
+    experts, n, k = w.shape
+    w_rows = w.reshape(experts * n, k)
+    w_amax = group_amax(w_rows, torch.arange(1, experts + 1, device=w.device, dtype=torch.int32) * n)
+    tiles = quantize_operand(w_rows, w_amax, p.w, b) if p.w_t.block == "16x16" else None
+    a_amax, group_of_row, _ = run_token_groups(x, offs, p.row_scaled, q)
+    g = grouped_grad_operands(dy, x, w.transpose(-2, -1), offs, group_of_row, a_amax, tiles, w_amax, p, b, True,
+                              True)
+    pad_n = -n % BLOCK_SIZE  # 1x16 weights: N zero-padded as the op pads it (16x16 tiles need N % 16 == 0)
+    dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
+    groups = RowGroups(group_of_row, experts, amax_by_group=True)
+    w_t = torch.nn.functional.pad(w.transpose(1, 2).reshape(experts * k, n), (0, pad_n))
+    return {"dy": (torch.where((group_of_row < experts)[:, None], dy_rows, 0),
+                   _dequantized(g.dy, _row_factors(g.dy_amax, dy.shape[0], p.dy.scale_bound, groups), q)),
+            "dyT": _token_blocks_pair(dy, g.tokens, g.dy_t, g.dy_t_amax, p.dy_t, q),
+            "xT": _token_blocks_pair(x, g.tokens, g.x_t, g.x_t_amax, p.x_t, q),
+            "wT": (w_t, _dequantized(g.w_t, _row_factors(w_amax, experts * k, p.w_t.scale_bound), q))}
 
 
 def _weight_rows(case: GemmCase) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,10 +16,9 @@ from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
 from .checks import check_dense, check_linear_weight, check_loaded_weight
 from .gemm import gemm_nt
-from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand, quantize_columnwise_row_scaled,
-                       quantize_operand, transposed_tiles)
+from .grad_operands import dense_grad_operands
+from .operands import Operand, quantize_operand
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
-from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
@@ -84,36 +83,21 @@ def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
 
 def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p: GemmPlan, x_dtype, w_dtype,
                      need_dx, need_dw):
-    """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x); dy by p.dy with its own
-    per-tensor amax, x and W columnwise (p.x_t, p.w_t) with the forward's amax; a row-scaled x^T with one amax
-    per row of x^T (x's column amax: per-token amaxes do not transpose), its product computed as
-    (Q_col(x) x Q_col(dy)^T)^T so that the per-row factor sits on the GEMM's row-scaled side; dy^T by p.dy_t.
-    Columnwise operands are blocked along the token dimension M, read in place (zero rows up to a multiple of 16
-    change nothing); a 16x16 W^T is the forward's tiles transposed. With the wgrad_rht knob, p.x_t and p.dy_t
-    carry transform 'rht16': both wgrad operands are transformed along M and quantized with their own amaxes (per
-    tensor, or for a row-scaled x^T the transformed x's column amaxes).
-    A stochastically rounded dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's
-    dy first, then wgrad's dy^T."""
+    """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x), the operands of
+    grad_operands.dense_grad_operands; a row-scaled x^T's product computed as (Q_col(x) x Q_col(dy)^T)^T so
+    that its per-row factor sits on the GEMM's row-scaled side."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
-    dy_amax = run_tensor_amax(dy, b.quantizer)
+    g = dense_grad_operands(dy, x, weight, Operand(w_codes, w_scales, w_decoded), x_amax, w_amax, p, b, need_dx,
+                            need_dw)
     dx = dw = dy.new_empty(0)
     if need_dx:
-        if p.w_t.block == "16x16":
-            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b)
-        else:
-            w_col = quantize_columnwise(weight, w_amax, p.w_t, b)
-        dyq = quantize_operand(dy, dy_amax, p.dy, b, seed=GRADIENT_ROUNDING.seed_for(p.dy))
-        dx = gemm_nt(dyq, dy_amax, p.dy.scale_bound, w_col, w_amax, p.w_t.scale_bound, x_dtype, b)
+        dx = gemm_nt(g.dy, g.dy_amax, p.dy.scale_bound, g.w_t, w_amax, p.w_t.scale_bound, x_dtype, b)
     if need_dw:
-        dy_col, dy_col_amax = quantize_columnwise_operand(dy, dy_amax, p.dy_t, b,
-                                                          seed=GRADIENT_ROUNDING.seed_for(p.dy_t))
         if p.x_t.scaling == "row":
-            x_col, x_t_amax = quantize_columnwise_row_scaled(x, p.x_t, b)
-            dw = gemm_nt(x_col, x_t_amax, p.x_t.scale_bound, dy_col, dy_col_amax, p.dy_t.scale_bound, w_dtype,
+            dw = gemm_nt(g.x_t, g.x_t_amax, p.x_t.scale_bound, g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, w_dtype,
                          b).t().contiguous()
         else:
-            x_col, x_col_amax = quantize_columnwise_operand(x, x_amax, p.x_t, b)
-            dw = gemm_nt(dy_col, dy_col_amax, p.dy_t.scale_bound, x_col, x_col_amax, p.x_t.scale_bound, w_dtype, b)
+            dw = gemm_nt(g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, g.x_t, g.x_t_amax, p.x_t.scale_bound, w_dtype, b)
     return dx, dw
 
 

@@ -9,18 +9,16 @@ offs[-1] are not tokens: no amax reads them, their output rows are zeros and the
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_group_column_amax, run_token_groups
+from ..dispatch.amax import run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
-from ..dispatch.quantize import run_dequantize, run_quantize_token_blocks, run_rht16_token_blocks
-from ..numerics.formats import BLOCK_SIZE
-from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
-from ..numerics.spec import OperandSpec
+from ..dispatch.quantize import run_dequantize
+from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
 from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
-from .operands import Operand, quantize_operand, transposed_tiles
+from .grad_operands import grouped_grad_operands
+from .operands import Operand, quantize_operand
 from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
-from .rounding import GRADIENT_ROUNDING
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
 
 _F8 = torch.float8_e4m3fn
@@ -102,63 +100,22 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
             A.new_empty(e, dtype=torch.bool))
 
 
-def _token_block_operand(x: Tensor, tb: TokenBlocks, amax: Tensor, spec: OperandSpec, b: Backends,
-                         group_of_row: Tensor, seed: int | None = None) -> tuple[Operand, Tensor]:
-    """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by `tb` and
-    quantized block by block (run_quantize_token_blocks, reading x in place on CUDA) with `amax`, per group (E,)
-    or, for a row-scaled spec, per group and column (E, C) (computed here from x and group_of_row). With
-    spec.transform ('rht16') every 16-token block of the layout is transformed first (each block lies in one
-    group; a group's zero padding is transformed with its tokens, and blocks past the last group stay zeros) and
-    the amaxes are the transformed layout's, per group (and column): `amax` is not used. seed: a stochastically
-    rounded spec's."""
-    experts = tb.ends.numel()
-    if spec.transform != "none":
-        x = run_rht16_token_blocks(x, tb, b.quantizer)  # (P, C), already in the layout
-        tb = tb.laid_out()
-        if spec.scaling == "row":
-            amax = run_group_column_amax(x, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
-        else:  # the groups' padded ends delimit their blocks; positions past the last end belong to no group
-            amax = run_token_groups(x, tb.ends, False, b.quantizer)[0]
-    elif spec.scaling == "row":
-        amax = run_group_column_amax(x, group_of_row, experts)
-    codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, spec.untransformed, b.quantizer, not b.fp4, seed)
-    return Operand(codes, scales, decoded), amax
-
-
 def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
                      p: GemmPlan, a_dtype, w_dtype, need_da, need_dw):
-    """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e) (dy by rows, blocks
-    along N, p.dy with one amax per token group; W_e^T blocked along N by p.w_t with the forward's expert amax,
-    a 16x16 W^T the forward's tiles transposed per expert); wgrad dW_e = Q_col(dy_e)^T x Q_col(A_e) (both blocked
-    along the group's tokens, each group zero-padded to 16-token blocks; dy^T with dy's group amax, A^T by p.x_t
-    with the forward's group amax, or row-scaled with the group's column amax; with wgrad_rht both are transformed
-    block by block first and take the transformed blocks' amaxes: _token_block_operand). Rows past offs[-1] are
-    read by no amax and no GEMM: zero dA rows; empty groups: zero dW. A stochastically rounded
-    dy (p.dy.rounding) takes one seed from GRADIENT_ROUNDING per quantization: dgrad's dy first, then wgrad's
-    dy^T."""
+    """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e), wgrad dW_e =
+    Q_col(dy_e)^T x Q_col(A_e) over the group's 16-token blocks (the padded group ends), the operands of
+    grad_operands.grouped_grad_operands. Rows past offs[-1] are read by no amax and no GEMM: zero dA rows; empty
+    groups: zero dW."""
     b = backends_for(p.quantizer, p.gemm, dy.device)
-    experts, (rows, n) = offs.numel(), dy.shape
-    dy_amax = run_token_groups(dy, offs, False, b.quantizer)[0]
+    g = grouped_grad_operands(dy, A, B_t, offs, group_of_row, a_amax, Operand(w_codes, w_scales, w_decoded), w_amax,
+                              p, b, need_da, need_dw)
     dA = dW = dy.new_empty(0)
     if need_da:
-        pad_n = -n % BLOCK_SIZE  # 1x16 weights take any N: zero columns change no amax, code or product
-        if p.w_t.block == "16x16":
-            w_col = transposed_tiles(Operand(w_codes, w_scales, w_decoded), b, experts)
-        else:
-            w_rows = torch.nn.functional.pad(B_t.reshape(-1, n), (0, pad_n))  # W_e^T (K, N) of each expert
-            w_col = quantize_operand(w_rows, w_amax, p.w_t, b)  # each expert's amax covers its K rows
-        dy_rows = torch.nn.functional.pad(dy, (0, pad_n)) if pad_n else dy
-        dyq = quantize_operand(dy_rows, dy_amax, p.dy, b, RowGroups(group_of_row, experts, amax_by_group=True),
-                               seed=GRADIENT_ROUNDING.seed_for(p.dy))
-        dA = grouped_gemm_nt(dyq, dy_amax, True, w_col, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
+        dA = grouped_gemm_nt(g.dy, g.dy_amax, True, g.w_t, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
                              w_bound=p.w_t.scale_bound)
     if need_dw:
-        tb = TokenBlocks.of(offs, rows)
-        dy_col, dy_t_amax = _token_block_operand(dy, tb, dy_amax, p.dy_t, b, group_of_row,
-                                                 GRADIENT_ROUNDING.seed_for(p.dy_t))
-        x_col, x_amax = _token_block_operand(A, tb, a_amax, p.x_t, b, group_of_row)
-        dW = grouped_wgrad_nt(dy_col, dy_t_amax, p.dy_t.scale_bound, x_col, x_amax, p.x_t.scale_bound, tb.ends,
-                              empty_groups, w_dtype, b)
+        dW = grouped_wgrad_nt(g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, g.x_t, g.x_t_amax, p.x_t.scale_bound,
+                              g.tokens.ends, empty_groups, w_dtype, b)
     return dA, dW
 
 
