@@ -10,10 +10,9 @@ import torch
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.hadamard import rht16_columns_reference
-from ..numerics.philox import SEED_LIMIT
 from ..numerics.reference import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
-from ..numerics.validation import check_amax_covers
+from ..numerics.validation import check_amax_covers, check_seed
 from .amax import run_tensor_amax
 from .backend import kernels_for
 
@@ -31,8 +30,8 @@ def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantiz
     instead (the kernel counts in its own pass: no mask, no reduction launch). seed: the Philox seed of a spec
     with rounding='stochastic' (an int in [0, 2^63), required there; docs/numerics.md section 12)."""
     _check_untransformed(spec, "run_quantize")
-    if spec.rounding == "stochastic" and not (type(seed) is int and 0 <= seed < SEED_LIMIT):
-        raise ValueError(f"a spec with rounding='stochastic' needs a seed, an int in [0, 2^63); got {seed!r}")
+    if spec.rounding == "stochastic":
+        check_seed(seed)
     kernels = kernels_for(x, quantizer, "quantize")
     if check_amax and (kernels is None or not x.numel()):  # the kernel checks in its read of x; none launches if empty
         check_amax_covers(x, amax)

@@ -9,6 +9,7 @@ import torch
 
 from ..numerics.formats import BLOCK_SIZE as BLOCK
 from ..dispatch.backend import environment_overrides, require_fp4
+from ..ops.checks import blockable
 from .sections import FAMILY
 
 
@@ -48,7 +49,8 @@ def bf16_layers(layers: list[int] | None, cfg, section: str, model: str) -> set[
 
 def unquantizable(in_features: int, out_features: int) -> str | None:
     """Why a Linear of these dims cannot be quantized (both GEMM dims are blocked by 16 somewhere), or None."""
-    bad = [f"{name}={n}" for name, n in (("in_features", in_features), ("out_features", out_features)) if n % BLOCK]
+    bad = [f"{name}={n}" for name, n in (("in_features", in_features), ("out_features", out_features))
+           if not blockable(n)]
     return f"{' and '.join(bad)} not a multiple of {BLOCK}" if bad else None
 
 
@@ -92,7 +94,7 @@ def select_experts(experts: list[tuple[str, dict[str, tuple]]], cfg, section: st
         hits.update(listed)
         if layer_index(fqn) in keep_layers:
             continue
-        bad = [f"{n} {tuple(shape)}" for n, shape in shapes.items() if any(d % BLOCK for d in shape[1:])]
+        bad = [f"{n} {tuple(shape)}" for n, shape in shapes.items() if not blockable(*shape[1:])]
         if bad:
             raise ValueError(f"{section}.fqns selects {fqn} whose {', '.join(bad)} have dims that are not "
                              f"multiples of {BLOCK}; remove it from {section}.fqns")

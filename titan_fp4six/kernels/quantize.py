@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..numerics.formats import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
-from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG
+from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG, check_seed
 from .bits import FLT_MAX, SIGN_BIT, clamp_max, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16
 from .decode import AmaxLayout, e4m3_value, load_row_amax
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
@@ -499,8 +499,8 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
     (3, P/16) int32 table of the token-block layout (quantize_token_blocks), amax per group (E,) or per group and
     column (E, K); cols = P."""
     flags = spec_flags(spec)
-    if flags.stochastic and seed is None:
-        raise ValueError("a spec with rounding='stochastic' needs a seed")
+    if flags.stochastic:
+        check_seed(seed)
     if token_blocks is not None:
         cols, rows = token_blocks.shape[1] * 16, x.shape[1]
         row_words = x.stride(0)

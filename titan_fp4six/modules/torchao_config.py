@@ -15,6 +15,7 @@ from torchao.core.config import AOBaseConfig
 from torchao.quantization.transform_module import register_quantize_module_handler
 
 from ..numerics.formats import BLOCK_SIZE
+from ..ops.checks import blockable
 from ..ops.recipe import KNOBS, FourOverSixRecipe
 from .linear import FourOverSixLinear
 
@@ -48,7 +49,7 @@ def quantizable_linear(module: nn.Module, fqn: str = "") -> bool:
     (so quantize_ on a converted model checks that its config is the one they have)."""
     if isinstance(module, FourOverSixLinear):
         return True
-    return type(module) is nn.Linear and module.in_features % BLOCK_SIZE == 0 and module.out_features % BLOCK_SIZE == 0
+    return type(module) is nn.Linear and blockable(module.in_features, module.out_features)
 
 
 def _check_same_config(module: FourOverSixLinear, config) -> None:

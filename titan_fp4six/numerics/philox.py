@@ -20,13 +20,12 @@ import math
 import torch
 
 from .formats import PHILOX_KEYS, PHILOX_MULTIPLIERS, PHILOX_ROUNDS
+from .validation import check_seed
 
 MASK32 = 0xFFFFFFFF
 KEY_A, KEY_B = PHILOX_KEYS
 ROUND_A, ROUND_B = PHILOX_MULTIPLIERS
 ROUNDS = PHILOX_ROUNDS
-SEED_LIMIT = 2 ** 63
-"""Seeds are integers in [0, 2^63): a Triton kernel takes them as one int64 argument."""
 PER_COUNTER = 8
 """Elements served by one Philox evaluation: four 32-bit words, 16 bits per element."""
 
@@ -44,8 +43,7 @@ def philox4x32(seed: int, counter: torch.Tensor) -> torch.Tensor:
     """The four words tl.randint4x(seed, counter) gives for each counter (integer tensor, values in [0, 2^63)),
     stacked on a new last dimension: an int64 tensor (*counter.shape, 4) with values in [0, 2^32), on
     counter's device."""
-    if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed must be an integer in [0, 2^63), got {seed}")
+    check_seed(seed)
     counter = counter.to(torch.int64)
     c0, c1 = counter & MASK32, (counter >> 32) & MASK32
     c2 = c3 = torch.zeros_like(counter)

@@ -2,7 +2,7 @@
 
 import torch
 
-from .formats import BLOCK_SIZE, INPUT_DTYPES
+from .formats import BLOCK_SIZE, INPUT_DTYPES, SEED_LIMIT
 
 BLOCKS = ("1x16", "16x16")
 ERR_MODES = ("mae", "mse")
@@ -16,6 +16,13 @@ def check_choice(name: str, value, valid) -> None:
         kinds = "/".join(sorted({type(v).__name__ for v in valid}))
         raise ValueError(f"{name}={value!r} is not supported; valid values: {', '.join(map(repr, valid))} "
                          f"(type {kinds}; got {type(value).__name__})")
+
+
+def check_seed(seed) -> None:
+    """The Philox seed of a stochastically rounded quantization (docs/numerics.md section 12): an int in
+    [0, 2^63)."""
+    if not (type(seed) is int and 0 <= seed < SEED_LIMIT):
+        raise ValueError(f"a spec with rounding='stochastic' needs a seed, an int in [0, 2^63); got {seed!r}")
 
 
 def check_float_tensor(t, name: str) -> None:

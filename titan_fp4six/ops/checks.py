@@ -13,10 +13,16 @@ def check_recipe(recipe) -> None:
                         "build one from the knobs, e.g. FourOverSixRecipe(err_mode='mse')")
 
 
+def blockable(*dims: int) -> bool:
+    """The rule for GEMM dims NVFP4 blocks, in one place: every one a multiple of 16 (what the converters skip or
+    refuse, and what the ops' checks raise for)."""
+    return all(d % BLOCK_SIZE == 0 for d in dims)
+
+
 def check_multiple(value: int, what: str) -> None:
     """A GEMM dim that NVFP4 blocks: a positive multiple of 16 (0 would leave nothing to quantize or
     reshape; only the token count M may be 0)."""
-    if value % BLOCK_SIZE or not value:
+    if not (blockable(value) and value):
         raise ValueError(f"{what} is {value}; NVFP4 GEMMs need a positive multiple of {BLOCK_SIZE}")
 
 
@@ -62,7 +68,7 @@ def check_expert_weights(B_t, recipe) -> None:
         raise ValueError(f"B_t (E, K, N) has shape {tuple(B_t.shape)}; E (experts) and N must be positive")
     check_multiple(k, "K (B_t.shape[1])")
     if recipe.weight_block == "16x16":
-        if n % BLOCK_SIZE:
+        if not blockable(n):
             raise ValueError(f"weight_block='16x16' needs N (B_t.shape[2]) a multiple of {BLOCK_SIZE}, got {n}; "
                              "use weight_block='1x16'")
 

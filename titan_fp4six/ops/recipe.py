@@ -60,11 +60,6 @@ class FourOverSixRecipe:
     def __post_init__(self):
         for f in fields(self):
             check_choice(f"FourOverSixRecipe.{f.name}", getattr(self, f.name), f.metadata["valid"])
-        if self.gradient_rounding == "stochastic" and self.backward in ("high_precision", "dequantized"):
-            raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
-                             f"gradient, but FourOverSixRecipe.backward={self.backward!r} quantizes none; use "
-                             f"backward='quantized' ('auto' resolves to it for per-tensor dense GEMMs only), or "
-                             f"gradient_rounding='nearest'")
         # The key and both plans, made once here: the hot path reads them as plain attributes (a cached_property
         # takes a lock, which torch.compile cannot trace).
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
@@ -126,10 +121,12 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
     if backward == "auto":
         backward = "high_precision" if grouped or row else "quantized"
     if recipe.stochastic and backward != "quantized":
+        why = (f"resolves to {backward!r} for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'}, "
+               "which quantizes no gradient" if recipe.backward == "auto" else "quantizes none")
         raise ValueError(f"FourOverSixRecipe.gradient_rounding='stochastic' rounds the quantized backward's "
-                         f"gradient, but FourOverSixRecipe.backward={recipe.backward!r} resolves to {backward!r} "
-                         f"for {'grouped (MoE) GEMMs' if grouped else 'row-scaled activations'}, which quantizes "
-                         f"no gradient; use backward='quantized' or gradient_rounding='nearest'")
+                         f"gradient, but FourOverSixRecipe.backward={recipe.backward!r} {why}; use "
+                         f"backward='quantized' ('auto' resolves to it for per-tensor dense GEMMs only), or "
+                         f"gradient_rounding='nearest'")
 
     def spec(choose: bool, block: str, scaling: str) -> OperandSpec:
         return OperandSpec("4/6" if choose else "6", block, scaling, recipe.scale_bound, recipe.err_mode)

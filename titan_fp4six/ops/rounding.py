@@ -10,7 +10,7 @@ bodies read it at run time (they run eagerly, also inside a compiled graph, wher
 so torch.compile needs no seed argument. Single-threaded: one backward at a time per process.
 """
 
-from ..numerics.philox import SEED_LIMIT
+from ..numerics.formats import SEED_LIMIT
 
 _M64 = (1 << 64) - 1
 

@@ -9,6 +9,7 @@ from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScalePa
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_mm
 from ..ops.checkpoint import amax_for_factor
+from ..ops.checks import blockable
 
 
 @register_weight_loader_v2_supported_method
@@ -18,7 +19,7 @@ class FourOverSixLinearMethod(LinearMethodBase):
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
                        input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
-        if input_size_per_partition % BLOCK_SIZE or any(n % BLOCK_SIZE for n in output_partition_sizes):
+        if not blockable(input_size_per_partition, *output_partition_sizes):
             raise ValueError(f"four_over_six: a layer of input {input_size_per_partition} and outputs "
                              f"{output_partition_sizes}: NVFP4 needs multiples of {BLOCK_SIZE}")
         loader = extra_weight_attrs["weight_loader"]

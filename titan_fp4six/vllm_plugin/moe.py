@@ -12,6 +12,7 @@ from ..modules.experts import GROUP_ALIGN, experts_forward_padded
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mm
 from ..ops.checkpoint import amax_for_factor
+from ..ops.checks import blockable
 
 
 class FourOverSixMoEMethod(FusedMoEMethodBase):
@@ -22,7 +23,7 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
     def create_weights(self, layer: torch.nn.Module, num_experts: int, hidden_size: int,
                        intermediate_size_per_partition: int, params_dtype: torch.dtype, **extra_weight_attrs):
         inter = intermediate_size_per_partition
-        if hidden_size % BLOCK_SIZE or inter % BLOCK_SIZE:
+        if not blockable(hidden_size, inter):
             raise ValueError(f"four_over_six: experts of hidden size {hidden_size} and intermediate size {inter}: "
                              f"NVFP4 needs multiples of {BLOCK_SIZE}")
         if not self.moe.is_act_and_mul:
