@@ -16,10 +16,11 @@ from pathlib import Path
 
 import tomli
 
+from ..ops.recipe import PLAIN_NVFP4
+
 SECTIONS = ("linear", "grouped_mm")  # [quantize.<kind>.four_over_six]
 CONVERTERS = tuple(f"quantize.{kind}.four_over_six" for kind in SECTIONS)
 BF16, NVFP4, FOUR_OVER_SIX = "bf16", "nvfp4", "4/6"
-PLAIN_NVFP4 = {"scope": "none", "scale_bound": 448}
 SET_BY_COMPARE = ("--training.steps", "--debug.seed")
 """Trainer keys every run gets from compare itself (--steps, --seeds/--seed-start)."""
 

@@ -36,13 +36,13 @@ from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvf
 from ..dispatch.amax import run_token_groups
 from ..dispatch.backend import backends_for
 from ..dispatch.quantize import padded_transpose, run_rht16_columns
-from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
+from ..numerics.formats import BLOCK_SIZE
 from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
 from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
 from ..ops.grad_operands import dense_grad_operands, grouped_grad_operands
 from ..ops.operands import Operand, quantize_operand
-from ..ops.recipe import GemmPlan
+from ..ops.recipe import GemmPlan, plain_nvfp4
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 from .experts import _FourOverSixExperts, ep_dispatched, pad_token_groups
@@ -82,8 +82,8 @@ def relative_mse(x: torch.Tensor, xq: torch.Tensor) -> float:
 
 
 def variant_recipes(recipe: FourOverSixRecipe) -> dict[str, FourOverSixRecipe]:
-    """{variant: recipe}: plain NVFP4 (the recipe with scope="none", scale_bound=448) and the recipe itself."""
-    return {"nvfp4": replace(recipe, scope="none", scale_bound=STANDARD_BOUND), "four_over_six": recipe}
+    """{variant: recipe}: plain NVFP4 (ops.recipe.plain_nvfp4) and the recipe itself."""
+    return {"nvfp4": plain_nvfp4(recipe), "four_over_six": recipe}
 
 
 @dataclass

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 
 from ..dispatch.backend import GEMMS, QUANTIZERS
+from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
 from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
 
@@ -156,6 +157,17 @@ def _plan_or_none(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan | None:
         return resolve_plan(recipe, grouped)
     except ValueError:
         return None
+
+
+PLAIN_NVFP4 = {"scope": "none", "scale_bound": STANDARD_BOUND}
+"""The knob values that turn a four-over-six recipe into plain NVFP4 (docs/numerics.md): no operand chooses
+(map-to-6 everywhere) and block scales bounded by 448. The fidelity metrics and `compare` derive their NVFP4 twin
+with it."""
+
+
+def plain_nvfp4(recipe: FourOverSixRecipe) -> FourOverSixRecipe:
+    """The recipe's plain-NVFP4 twin (PLAIN_NVFP4), every other knob kept."""
+    return replace(recipe, **PLAIN_NVFP4)
 
 
 KNOBS = tuple(fields(FourOverSixRecipe))
