@@ -128,29 +128,39 @@ class _FourOverSixExperts:
             raise NotImplementedError(f"{type(self).__name__} cannot run on the meta device: its token groups are "
                                       "padded by their sizes, which a meta tensor does not hold (converted Linears "
                                       "trace shapes on meta; trace the experts on a real device)")
-        weights = [local_weight(getattr(self, n), n, experts=True) for n in _NAMES]
-        dispatched = ep_dispatched(self)
-        *weights, x_in = autocast_operands(*weights, x)
-        with no_autocast(x.device):
-            quantized = _NO_CACHE if quantize is None else quantize(weights)
-            if dispatched:
-                out = run_experts(*weights, x_in, num_tokens_per_expert, recipe, quantized=quantized)
-            else:
-                out = run_experts_padded(*weights, x_in, num_tokens_per_expert, recipe, self.pad_multiple, quantized)
-            return out.to(x.dtype)
+        pad_multiple = None if ep_dispatched(self) else self.pad_multiple
+        return converted_experts_forward(self, _NAMES, x, num_tokens_per_expert, recipe, quantize, pad_multiple)
 
     def extra_repr(self) -> str:
         cached = ", cache_weights=True" if self.weight_cache is not None else ""
         return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}{cached}"
 
 
-def cached_weights(module: nn.Module, cache: WeightCache, weights: list[torch.Tensor],
-                   recipe: FourOverSixRecipe) -> tuple[QuantizedWeight | None, ...]:
-    """The QuantizedWeights of a converted experts module's (w1, w2, w3) operands `weights` (its parameters as
-    its forward hands them to the op) from `cache`, quantized with `recipe` on a miss."""
+def converted_experts_forward(module: nn.Module, names: tuple[str, str, str], x: torch.Tensor,
+                              num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, quantize=None,
+                              pad_multiple: int | None = None) -> torch.Tensor:
+    """A converted experts module's forward, for torchtitan 0.2's experts classes (the mixin) and 0.3's alike: its
+    (w1, w2, w3) parameters `names` as local weights, autocast like torchtitan's, the experts' chain with
+    `recipe` on x's token groups; quantize(weights): their QuantizedWeights or None (quantized in each GEMM);
+    pad_multiple: pad each token group to that many rows here (None: a dispatcher already padded them)."""
+    weights = [local_weight(getattr(module, n), n, experts=True) for n in names]
+    *weights, x_in = autocast_operands(*weights, x)
+    with no_autocast(x.device):
+        quantized = _NO_CACHE if quantize is None else quantize(weights)
+        if pad_multiple is None:
+            out = run_experts(*weights, x_in, num_tokens_per_expert, recipe, quantized=quantized)
+        else:
+            out = run_experts_padded(*weights, x_in, num_tokens_per_expert, recipe, pad_multiple, quantized)
+        return out.to(x.dtype)
+
+
+def cached_weights(module: nn.Module, cache: WeightCache, weights: list[torch.Tensor], recipe: FourOverSixRecipe,
+                   names: tuple[str, str, str] = _NAMES) -> tuple[QuantizedWeight | None, ...]:
+    """The QuantizedWeights of a converted experts module's (w1, w2, w3) operands `weights` (its parameters
+    `names` as its forward hands them to the op) from `cache`, quantized with `recipe` on a miss."""
     return tuple(cache.get(n, getattr(module, n), w,
                            functools.partial(quantize_grouped_weight, w.transpose(-2, -1), recipe=recipe))
-                 for n, w in zip(_NAMES, weights))
+                 for n, w in zip(names, weights))
 
 
 _CLASSES: dict[type, type] = {}

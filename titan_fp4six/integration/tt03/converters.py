@@ -21,12 +21,10 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.protocols.module import Module
 from torchtitan.tools.logging import logger
 
-from ...modules.autocast import autocast_operands, no_autocast
-from ...modules.dtensor import local_weight
-from ...modules.experts import run_experts
+from ...modules.experts import cached_weights, converted_experts_forward
 from ...modules.linear import FourOverSixLinear
 from ...modules.weight_cache import WeightCache
-from ...ops import FourOverSixRecipe, quantize_grouped_weight
+from ...ops import FourOverSixRecipe
 from .. import metrics, rules
 from ..allocator import hint_without_expandable_segments
 from ..backward_thread import run_backward_on_calling_thread
@@ -66,17 +64,12 @@ def four_over_six_experts_class(parent: type) -> type:
                 self.weight_cache = WeightCache() if config.cache_weights else None
 
             def forward(self, x_RD, num_tokens_per_expert_E):
-                """The padding dispatcher aligned the groups; run_experts computes the rows up to offs[-1] only
-                (the buffer's tail beyond them never reaches an amax) and returns zeros for the tail."""
-                weights = [local_weight(getattr(self, n), n, experts=True) for n in EXPERT_WEIGHTS]
-                *weights, x = autocast_operands(*weights, x_RD)
-                with no_autocast(x.device):
-                    cached = (None,) * 3 if self.weight_cache is None else tuple(
-                        self.weight_cache.get(n, getattr(self, n), w, functools.partial(
-                            quantize_grouped_weight, w.transpose(-2, -1), recipe=self.recipe))
-                        for n, w in zip(EXPERT_WEIGHTS, weights))
-                    return run_experts(*weights, x, num_tokens_per_expert_E, self.recipe,
-                                       quantized=cached).to(x_RD.dtype)
+                """The padding dispatcher aligned the groups: the 0.2 experts' forward without its padding (rows
+                past offs[-1] never reach an amax and come back as zeros)."""
+                quantize = None if self.weight_cache is None else functools.partial(
+                    cached_weights, self, self.weight_cache, recipe=self.recipe, names=EXPERT_WEIGHTS)
+                return converted_experts_forward(self, EXPERT_WEIGHTS, x_RD, num_tokens_per_expert_E, self.recipe,
+                                                 quantize)
 
         FourOverSixExperts.__name__ = FourOverSixExperts.__qualname__ = f"FourOverSix{parent.__name__}"
         _EXPERTS[parent] = FourOverSixExperts
