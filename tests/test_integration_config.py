@@ -121,7 +121,7 @@ def test_fqn_matching_is_by_dotted_parts():
                  "CUDA device", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine")),
     pytest.param(["--quantize.grouped_mm.four_over_six.gemm", "fp4"], GMM, rf"{GMM}.gemm='fp4' needs a Blackwell GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine (maybe a Blackwell)")),
-    (["--parallelism.tensor_parallel_degree", "2"], GMM, "expert tensor parallelism"),
+    (["--parallelism.tensor_parallel_degree", "2"], GMM, "tensor parallelism over the experts"),
     (["--compile.enable", "--quantize.linear.four_over_six.cache_weights"], LIN,
      rf"{LIN}.cache_weights = true with compile.enable on the model"),
     (["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",

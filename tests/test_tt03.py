@@ -158,7 +158,17 @@ def test_a_section_without_its_converter_and_unknown_converters_are_errors():
         check_config(config)
     config = parse("--config", "deepseek_v3_debugmodel_bf16", "--model.converters", "quantize.linear.four_over_sx")
     with pytest.raises(ValueError, match=r"lists \['quantize\.linear\.four_over_sx'\], which no converter is registered "
-                                         r"as; valid: quantize\.linear\.four_over_six, quantize\.grouped_mm"):
+                                         r"as; valid: quantize\.grouped_mm\.four_over_six, quantize\.linear"):
+        check_config(config)
+
+
+def test_experts_under_tensor_parallelism_are_an_error_naming_the_knobs():
+    """The same rule and message as torchtitan 0.2's (rules.check_whole_expert_weights), without 0.2's
+    expert_tensor_parallel_degree, which torchtitan 0.3 does not have."""
+    config = parse("--config", "deepseek_v3_debugmodel_nvfp4_four_over_six", "--parallelism.tensor_parallel_degree",
+                   "2")
+    with pytest.raises(ValueError, match=r"quantize\.grouped_mm\.four_over_six with tensor parallelism over the "
+                                         r"experts \(parallelism\.tensor_parallel_degree=2, expert_parallel_degree=1\)"):
         check_config(config)
 
 

@@ -20,7 +20,8 @@ from ..modules.weight_cache import invalidate_weight_caches
 from . import fidelity, metrics, rounding, rules
 from .allocator import hint_without_expandable_segments
 from .backward_thread import run_backward_on_calling_thread
-from .rules import check_context, check_implementations
+from .rules import (check_context, check_implementations, check_known_converters, check_section_listed,
+                    check_whole_expert_weights)
 from .sections import FAMILY
 KINDS = ("linear", "grouped_mm")
 _CACHED = "; weights quantized once per optimizer step (cache_weights)"
@@ -58,13 +59,8 @@ def validate_job_config(job_config, kind: str):
         if par.expert_parallel_comm_backend == "deepep":
             raise ValueError(f"{section} with parallelism.expert_parallel_comm_backend=\"deepep\": DeepEP does "
                              f"not pad token groups to {cfg.pad_multiple} rows; use \"standard\"")
-        etp = par.expert_tensor_parallel_degree if par.expert_parallel_degree > 1 else par.tensor_parallel_degree
-        if etp > 1:
-            raise ValueError(f"{section} with expert tensor parallelism (parallelism.tensor_parallel_degree="
-                             f"{par.tensor_parallel_degree}, expert_parallel_degree={par.expert_parallel_degree}, "
-                             f"expert_tensor_parallel_degree={par.expert_tensor_parallel_degree}): experts must "
-                             "hold whole weights per rank; use expert_parallel_degree > 1 with "
-                             "expert_tensor_parallel_degree = 1")
+        check_whole_expert_weights(section, par.tensor_parallel_degree, par.expert_parallel_degree,
+                                   par.expert_tensor_parallel_degree)
     recipe = cfg.recipe()
     check_implementations(recipe, section)
     return cfg, recipe
@@ -77,10 +73,7 @@ def check_converter_names(job_config) -> None:
     for kind in KINDS:
         if f"quantize.{kind}.{FAMILY}" in job_config.model.converters:
             section_config(job_config, kind)
-    unknown = [n for n in job_config.model.converters if n not in _registry_model_converter_cls]
-    if unknown:
-        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
-                         f"{', '.join(sorted(_registry_model_converter_cls))}")
+    check_known_converters(job_config.model.converters, _registry_model_converter_cls)
 
 
 def check_sections_have_converters(job_config) -> None:
@@ -93,12 +86,9 @@ def check_sections_have_converters(job_config) -> None:
             written = tomllib.load(f).get("quantize", {})
     for kind in KINDS:
         cfg, name = configured_section(job_config, kind), f"quantize.{kind}.{FAMILY}"
-        if cfg is None or name in job_config.model.converters:
-            continue
-        if FAMILY in written.get(kind, {}) or cfg != type(cfg)():
-            raise ValueError(f"[{name}] is configured but model.converters={job_config.model.converters} does not "
-                             f"list {name!r}, so nothing would be quantized (a plain bf16 run): add it to "
-                             f"model.converters, or delete the [{name}] section")
+        if cfg is not None:
+            check_section_listed(name, FAMILY in written.get(kind, {}) or cfg != type(cfg)(),
+                                 job_config.model.converters)
 
 
 def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:

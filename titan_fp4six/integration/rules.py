@@ -156,3 +156,37 @@ def check_context(kind: str, cfg, converters: list[str], compile_cfg, tensor_par
     if kind == "linear" and tensor_parallel_degree > 1:
         raise ValueError(f"{section} with parallelism.tensor_parallel_degree={tensor_parallel_degree}: "
                          "tensor-parallel shards would get per-shard amaxes; use FSDP (data_parallel_shard_degree)")
+
+
+def check_known_converters(listed: list[str], valid) -> None:
+    """model.converters names only registered converters (torchtitan would fail a typo with a bare KeyError)."""
+    unknown = [n for n in listed if n not in valid]
+    if unknown:
+        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
+                         f"{', '.join(sorted(valid))}")
+
+
+def check_section_listed(name: str, configured: bool, listed: list[str]) -> None:
+    """A configured [quantize.*.four_over_six] section whose converter model.converters does not list would train
+    plain bf16 without a word."""
+    if configured and name not in listed:
+        raise ValueError(f"[{name}] is configured but model.converters={listed} does not list {name!r}, so nothing "
+                         f"would be quantized (a plain bf16 run): add it to model.converters, or delete the "
+                         f"[{name}] section")
+
+
+def check_whole_expert_weights(section: str, tensor_parallel_degree: int, expert_parallel_degree: int,
+                               expert_tensor_parallel_degree: int | None = None) -> None:
+    """Routed experts need whole weights per rank (an expert's amax spans all its rows): no tensor parallelism
+    over them. expert_tensor_parallel_degree: torchtitan 0.2's knob (the experts' TP degree under expert
+    parallelism); torchtitan 0.3 has none, its experts follow tensor_parallel_degree."""
+    ep = expert_parallel_degree
+    etp = expert_tensor_parallel_degree if expert_tensor_parallel_degree is not None and ep > 1 else (
+        tensor_parallel_degree)
+    if etp > 1:
+        knobs = f"parallelism.tensor_parallel_degree={tensor_parallel_degree}, expert_parallel_degree={ep}"
+        if expert_tensor_parallel_degree is not None:
+            knobs += f", expert_tensor_parallel_degree={expert_tensor_parallel_degree}"
+        fix = " with expert_tensor_parallel_degree = 1" if expert_tensor_parallel_degree is not None else ""
+        raise ValueError(f"{section} with tensor parallelism over the experts ({knobs}): experts must hold whole "
+                         f"weights per rank; use expert_parallel_degree > 1{fix} instead")

@@ -63,17 +63,11 @@ def sections(config) -> dict[str, object]:
 def check_config(config) -> None:
     """Converter names, sections without their converter, and the settings no section can run under."""
     listed = config.model.converters
-    unknown = [n for n in listed if n not in CONVERTERS]
-    if unknown:
-        raise ValueError(f"model.converters lists {unknown}, which no converter is registered as; valid: "
-                         f"{', '.join(CONVERTERS)}")
+    rules.check_known_converters(listed, CONVERTERS)
     for name, cfg in sections(config).items():
         kind = CONVERTERS[name][0]
         if name not in listed:
-            if cfg != type(cfg)():
-                raise ValueError(f"[{name}] is configured but model.converters={listed} does not list {name!r}, so "
-                                 f"nothing would be quantized (a plain bf16 run): add it to model.converters, or "
-                                 f"drop the [{name}] settings")
+            rules.check_section_listed(name, cfg != type(cfg)(), listed)
             continue
         if cfg.fidelity_every:
             raise ValueError(f"{name}.fidelity_every={cfg.fidelity_every}: the fidelity telemetry runs with "
@@ -81,9 +75,8 @@ def check_config(config) -> None:
                              "checkpoint either way)")
         par = config.parallelism
         rules.check_context(kind, cfg, listed, config.compile, par.tensor_parallel_degree)
-        if kind == "grouped_mm" and par.tensor_parallel_degree > 1:
-            raise ValueError(f"{name} with parallelism.tensor_parallel_degree={par.tensor_parallel_degree}: experts "
-                             "must hold whole weights per rank; use expert_parallel_degree instead")
+        if kind == "grouped_mm":
+            rules.check_whole_expert_weights(name, par.tensor_parallel_degree, par.expert_parallel_degree)
 
 
 class FourOverSixTrainer(RoundingSeedPerStep, NonFiniteStop, Trainer):
