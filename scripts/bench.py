@@ -590,7 +590,7 @@ VARIANTS += [("bfloat16", "columnwise", *knobs, True, False, "none", None) for k
 def _compile(variant) -> str:
     from titan_fp4six.kernels import quantize as kq
     from titan_fp4six.numerics.formats import map4_count_buffer
-    from titan_fp4six.numerics.reference import RowGroups
+    from titan_fp4six.numerics.groups import RowGroups
 
     dtype, block, err_mode, bound, decode, row_amax, map4, groups = variant
     x = torch.ones(16, 16, device="cuda", dtype=getattr(torch, dtype))

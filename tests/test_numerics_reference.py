@@ -388,7 +388,8 @@ def test_candidate_errors_match_the_oracle(block):
 def test_amax_per_row_maps_tensor_runs_groups_and_rows():
     """The rule every quantizer and dequantizer reads each row's amax by: per tensor, runs of consecutive rows
     (an expert's rows), per token group or per row, rows that are not data (group >= n_groups) getting 0."""
-    from titan_fp4six.numerics.reference import RowGroups, amax_per_row
+    from titan_fp4six.numerics.groups import RowGroups
+    from titan_fp4six.numerics.reference import amax_per_row
 
     scalar = torch.tensor(3.0)
     assert amax_per_row(scalar, 5) is scalar
@@ -404,7 +405,8 @@ def test_amax_per_row_maps_tensor_runs_groups_and_rows():
 
 def test_map4_counts_count_data_rows_and_the_buffer_sums_its_rows():
     from titan_fp4six.numerics.formats import map4_count_buffer, map4_total
-    from titan_fp4six.numerics.reference import RowGroups, map4_counts
+    from titan_fp4six.numerics.groups import RowGroups
+    from titan_fp4six.numerics.reference import map4_counts
 
     mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
     assert map4_counts(mask).tolist() == [5, 9]

@@ -6,7 +6,7 @@ import torch
 from tests.helpers.ops_oracle import assert_matches, four_six64, pad16, rel_for, standard64
 from titan_fp4six import FourOverSixRecipe, four_over_six_linear, four_over_six_mm
 from titan_fp4six.dispatch import nvfp4_dequantize, row_amax, tensor_amax, four_over_six_quantize
-from titan_fp4six.ops.operands import Operand, transpose_tiles
+from titan_fp4six.ops.operands import Operand, transpose_tile_codes
 
 
 def _operands(seed, lead=(37,), k=64, n=48, dtype=torch.bfloat16):
@@ -114,7 +114,7 @@ def test_quantized_backward(weight_block, dtype):
 def test_transposed_tiles_decode_to_the_transpose():
     w = torch.randn(48, 64)
     q = four_over_six_quantize(w, tensor_amax(w), block="16x16")
-    t = transpose_tiles(Operand(q.codes, q.scales))
+    t = transpose_tile_codes(Operand(q.codes, q.scales))
     assert t.codes.shape == (64, 24) and t.scales.shape == (64, 3)
     assert torch.equal(t.block_scaled("auto"), Operand(q.codes, q.scales).block_scaled("auto").t())
 

@@ -331,7 +331,7 @@ def test_gpu_token_block_kernel_matches_reference():
     """The transform reading the grouped wgrad's token blocks in place against the transform of the gathered
     layout: empty, short and long groups, NaN past offs[-1], realistic sizes."""
     from titan_fp4six.kernels.hadamard import rht16_token_blocks
-    from titan_fp4six.numerics.reference import TokenBlocks
+    from titan_fp4six.numerics.groups import TokenBlocks
 
     g = torch.Generator().manual_seed(12)
     for ends, (m, k) in (([0, 12, 12, 30, 47], (50, 48)), ([1000, 1000, 3001, 4000], (4096, 2048))):

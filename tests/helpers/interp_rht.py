@@ -10,8 +10,8 @@ from tests.helpers.rht_cases import edge_matrix, same_bits
 from titan_fp4six.kernels import hadamard as kh
 from titan_fp4six.kernels import quantize as kq
 from titan_fp4six.numerics.hadamard import rht16_columns_reference
-from titan_fp4six.numerics.reference import (TokenBlocks, four_over_six_reference, nvfp4_reference,
-                                             tensor_amax_reference)
+from titan_fp4six.numerics.groups import TokenBlocks
+from titan_fp4six.numerics.reference import four_over_six_reference, nvfp4_reference, tensor_amax_reference
 from titan_fp4six.numerics.spec import OperandSpec
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

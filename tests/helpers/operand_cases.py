@@ -10,6 +10,7 @@ import torch
 from tests.helpers.kernel_cases import _data
 from titan_fp4six.dispatch import tensor_amax
 from titan_fp4six.numerics import formats, reference
+from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
 from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
 
@@ -171,7 +172,7 @@ def row_groups_cases(gen, device, rows=37, cols=48, experts_rows=(3, 16), dtypes
             amax, group, _ = run_token_groups(x, offs, per_row, "reference")
             if not per_row:
                 amax[3] = 0.0  # a group whose amax is 0 (its blocks quantize to zeros and count)
-            groups = reference.RowGroups(group, offs.numel(), amax_by_group=not per_row)
+            groups = RowGroups(group, offs.numel(), amax_by_group=not per_row)
             yield f"tokens/{dtype}/per_row={per_row}", x, amax, groups, "1x16"
         experts, n = experts_rows
         for block, per_expert in (("1x16", 5), ("16x16", n)):
@@ -234,7 +235,7 @@ def token_block_cases(gen, device, rows=50, cols=32, kinds=("normal", "ties", "w
         x = x.to(dtype)[:, :cols]  # a row stride wider than the row where cols is not a multiple of 16
         x[ends[-1]:] = float("nan")
         x = x.to(device)
-        tb = reference.TokenBlocks.of(offs, rows)
+        tb = TokenBlocks.of(offs, rows)
         group_amax = run_token_groups(x, offs, False, "reference")[0]
         if given is not None:
             group_amax = group_amax.clone()

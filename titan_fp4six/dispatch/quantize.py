@@ -10,7 +10,7 @@ import torch
 from ..numerics import reference
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.hadamard import rht16_columns_reference
-from ..numerics.reference import RowGroups, TokenBlocks
+from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
 from ..numerics.validation import check_amax_covers, check_seed
 from .amax import run_tensor_amax

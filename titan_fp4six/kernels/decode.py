@@ -7,13 +7,12 @@ cast to the output dtype with round-to-nearest-even): the same FP32 operations i
 time (no FMA contraction). Launchers take validated, contiguous CUDA tensors (or run under the interpreter).
 """
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from ..numerics.formats import DECODE_BIG_AMAX, DECODE_RESCALE
+from .amax_rows import AmaxLayout, load_row_amax
 from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 
@@ -48,24 +47,6 @@ def bf16_rne(v):
     return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
-def load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS: tl.constexpr, BY_GROUP: tl.constexpr):
-    """(each row's global amax, whether the row is data), as numerics.reference.amax_per_row maps them:
-    amax_ptr[row // amax_div] (amax_div consecutive rows share a value: 1 per row, R per tensor, N per expert)
-    or, BY_GROUP, amax_ptr[the row's group]; with GROUPS, rows whose group (int64 at group_ptr) is n_groups or
-    more are not data and get amax 0, as do rows at or past R."""
-    if GROUPS:
-        group = tl.load(group_ptr + rows, mask=rows < R, other=n_groups)
-        data = group < n_groups
-    else:
-        data = rows < R
-    if BY_GROUP:
-        index = group
-    else:
-        index = rows // amax_div
-    return tl.load(amax_ptr + index, mask=data, other=0.0), data
-
-
 @triton.jit(do_not_specialize=["R", "NBLK", "amax_div", "n_groups"])
 def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, group_ptr, out_ptr, R, NBLK, amax_div, n_groups,
                    GLOBAL: tl.constexpr, GROUPS: tl.constexpr, BY_GROUP: tl.constexpr, R6B: tl.constexpr,
@@ -97,22 +78,6 @@ def _decode_kernel(codes_ptr, scales_ptr, amax_ptr, group_ptr, out_ptr, R, NBLK,
 
 
 _DECODE = FastLaunch(_decode_kernel)
-
-
-class AmaxLayout(NamedTuple):
-    """load_row_amax's arguments for an amax of shape () or (G,) and optional RowGroups, as
-    numerics.reference.amax_per_row reads them (group_ptr is any tensor when not `groups`)."""
-    group_ptr: torch.Tensor
-    amax_div: int
-    n_groups: int
-    groups: bool
-    by_group: bool
-
-    @staticmethod
-    def of(amax: torch.Tensor, rows: int, groups=None) -> "AmaxLayout":
-        if groups is not None:
-            return AmaxLayout(groups.group_of_row, 1, groups.n_groups, True, groups.amax_by_group)
-        return AmaxLayout(amax, max(rows, 1) if amax.dim() == 0 else rows // amax.numel(), 0, False, False)
 
 
 def _decode(codes, scales, amax, scale_bound, dtype, groups=None):

@@ -109,7 +109,7 @@ def rht16_columns(x: torch.Tensor) -> torch.Tensor:
 
 def rht16_token_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """x's token rows laid out by the token-block table `blocks` ((3, P/16) int32: each block's first row of x and
-    its tokens, numerics.reference.TokenBlocks.table), every 16-token block of every column transformed: (P, K)
+    its tokens, numerics.groups.TokenBlocks.table), every 16-token block of every column transformed: (P, K)
     contiguous, in x's dtype; rows_16b+i for i past a block's tokens transform as zeros."""
     k = x.shape[1]
     nblk = blocks.shape[1]

@@ -22,7 +22,8 @@ import triton.language as tl
 from ..numerics.formats import MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH
 from ..numerics.validation import NEGATIVE_AMAX_MSG, SMALL_AMAX_MSG, check_seed
 from .bits import FLT_MAX, SIGN_BIT, clamp_max, e4m3_bits, e4m3_byte, e4m3_round, f32_reciprocal, nan_max, tree_sum16
-from .decode import AmaxLayout, e4m3_value, load_row_amax
+from .amax_rows import AmaxLayout, load_row_amax
+from .decode import e4m3_value
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 from .encode import (NEWTON_S_DEC_MAX, NEWTON_S_DEC_MIN, candidate_scales, decode_words, div, fast_encode_decode,
                      inverse_scale, newton_inverse_scale, stochastic_codes, with_signs)
@@ -592,7 +593,7 @@ def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True, seed=Non
 
 def quantize_token_blocks(x, blocks, amax, spec, decode: bool = False, seed=None):
     """The grouped wgrad's columnwise operand of x (M, K) read in place by token blocks (1x16 `spec`): blocks the
-    (3, P/16) int32 table (first row of x, tokens, group of each 16-token block; numerics.reference.TokenBlocks),
+    (3, P/16) int32 table (first row of x, tokens, group of each 16-token block; numerics.groups.TokenBlocks),
     amax per group (E,) or per group and column (E, K) (FP32; blocks of no group take 0). Returns (codes uint8
     (K, P/2), scales float8_e4m3fn (K, P/16), None, bf16 decode (K, P) or None), bitwise the reference's
     (dispatch.quantize.run_quantize_token_blocks)."""

@@ -37,7 +37,8 @@ from ..dispatch.amax import run_token_groups
 from ..dispatch.backend import backends_for
 from ..dispatch.quantize import padded_transpose, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
-from ..numerics.reference import RowGroups, TokenBlocks, amax_per_row, global_decode_factor
+from ..numerics.groups import RowGroups, TokenBlocks
+from ..numerics.reference import amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
 from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
 from ..ops.grad_operands import dense_grad_operands, grouped_grad_operands

@@ -17,7 +17,7 @@ from ..dispatch.amax import run_group_column_amax, run_tensor_amax, run_token_gr
 from ..dispatch.backend import Backends
 from ..dispatch.quantize import run_quantize_token_blocks, run_rht16_token_blocks
 from ..numerics.formats import BLOCK_SIZE
-from ..numerics.reference import RowGroups, TokenBlocks
+from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
 from .operands import (Operand, quantize_columnwise, quantize_columnwise_operand, quantize_columnwise_row_scaled,
                        quantize_operand, transposed_tiles)

@@ -13,7 +13,8 @@ from ..dispatch.amax import run_token_groups
 from ..dispatch.backend import Backends, backends_for
 from ..dispatch.library import compile_opaque_op
 from ..dispatch.quantize import run_dequantize
-from ..numerics.reference import RowGroups, amax_per_row, global_decode_factor
+from ..numerics.groups import RowGroups
+from ..numerics.reference import amax_per_row, global_decode_factor
 from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
 from .grad_operands import grouped_grad_operands

@@ -13,7 +13,7 @@ from ..dispatch.backend import Backends
 from ..dispatch.quantize import (run_decode_block_scaled, run_quantize, run_quantize_columnwise, run_rht16_columns,
                                  run_transformed_columnwise)
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
-from ..numerics.reference import RowGroups
+from ..numerics.groups import RowGroups
 from ..numerics.spec import OperandSpec
 from .stats import MAP4_STATS
 
@@ -78,7 +78,7 @@ def quantize_columnwise_row_scaled(x: torch.Tensor, spec: OperandSpec,
     return quantize_columnwise(x, amax, spec.untransformed, backends), amax
 
 
-def transpose_tiles(op: Operand, experts: int = 1) -> Operand:
+def transpose_tile_codes(op: Operand, experts: int = 1) -> Operand:
     """The transpose of a 16x16-tile-quantized (R, C) matrix as a (C, R) operand: the forward's own codes and
     tile scales, transposed (spec: a 16x16 tile is its own transpose; re-quantizing could flip a near-tie).
     experts > 1: R = E*N rows of E experts' (N, C) weights, each transposed on its own -> (E*C, N)."""
@@ -97,7 +97,7 @@ def transposed_tiles(op: Operand, backends: Backends, experts: int = 0) -> Opera
     tile's decode transposes with it); for the real FP4 GEMM its codes and scales transposed. experts: the
     operand is E experts' (N, C) weights stacked, each transposed (the decode as an (E, C, N) view)."""
     if backends.fp4:
-        return transpose_tiles(op, max(experts, 1))
+        return transpose_tile_codes(op, max(experts, 1))
     decoded = op.block_scaled(backends.quantizer)
     if experts:
         return Operand(None, None, decoded.view(experts, -1, decoded.shape[-1]).transpose(-2, -1))
