@@ -15,26 +15,14 @@ from .version import require
 
 require("0.2", "titan_fp4six.integration.job_config")
 from . import converters, data, flavors  # noqa: E402 (after the version check: these import torchtitan 0.2)
-from .sections import make_section
+from .sections import make_quantize_sections, make_section
 
 FourOverSixLinearConfig = make_section("FourOverSixLinearConfig", __name__, False, ["output", "router.gate"])
 FourOverSixGroupedMMConfig = make_section("FourOverSixGroupedMMConfig", __name__, True, ["experts"])
 
 
-@dataclass
-class QuantizedLinear:
-    four_over_six: FourOverSixLinearConfig = field(default_factory=FourOverSixLinearConfig)
-
-
-@dataclass
-class QuantizedGroupedMM:
-    four_over_six: FourOverSixGroupedMMConfig = field(default_factory=FourOverSixGroupedMMConfig)
-
-
-@dataclass
-class Quantize:
-    linear: QuantizedLinear = field(default_factory=QuantizedLinear)
-    grouped_mm: QuantizedGroupedMM = field(default_factory=QuantizedGroupedMM)
+Quantize, QuantizedLinear, QuantizedGroupedMM = make_quantize_sections(__name__, FourOverSixLinearConfig,
+                                                                       FourOverSixGroupedMMConfig)
 
 
 @dataclass

@@ -89,3 +89,17 @@ def make_section(name: str, module: str, grouped: bool, default_fqns: list[str],
     namespace = {"SECTION": section, "GROUPED": grouped, "__doc__": doc, "__module__": module}
     return make_dataclass(name, _recipe_fields() + extra, bases=(SectionBase, *bases), kw_only=True,
                           namespace=namespace, **options)
+
+
+def make_quantize_sections(module: str, linear: type, grouped_mm: type,
+                           **options) -> tuple[type, type, type]:
+    """The [quantize] tree both torchtitan versions add, (Quantize, QuantizedLinear, QuantizedGroupedMM):
+    quantize.linear.four_over_six of type `linear` and quantize.grouped_mm.four_over_six of type `grouped_mm`, each
+    defaulting to its section's defaults; `options` for make_dataclass (torchtitan 0.3's kw_only and slots)."""
+    def node(name: str, fields_: list[tuple[str, type]]) -> type:
+        return make_dataclass(name, [(n, t, field(default_factory=t)) for n, t in fields_],
+                              namespace={"__module__": module}, **options)
+
+    linear_node = node("QuantizedLinear", [(FAMILY, linear)])
+    grouped_node = node("QuantizedGroupedMM", [(FAMILY, grouped_mm)])
+    return node("Quantize", [("linear", linear_node), ("grouped_mm", grouped_node)]), linear_node, grouped_node

@@ -19,7 +19,7 @@ from .. import rules
 from ..nonfinite import NonFiniteStop
 from ..rounding import RoundingSeedPerStep
 from . import cpu
-from ..sections import FAMILY
+from ..sections import FAMILY, make_quantize_sections
 from .converters import FourOverSixGroupedExpertsConverter, FourOverSixLinearConverter
 
 CONVERTERS = {f"quantize.linear.{FAMILY}": ("linear", FourOverSixLinearConverter),
@@ -38,21 +38,8 @@ class Training(TrainingConfig):
     """Train on past a step whose loss or grad norm is NaN or Inf (default: stop with an error naming the step)."""
 
 
-@dataclass(kw_only=True, slots=True)
-class QuantizedLinear:
-    four_over_six: FourOverSixLinearConverter.Config = field(default_factory=FourOverSixLinearConverter.Config)
-
-
-@dataclass(kw_only=True, slots=True)
-class QuantizedGroupedMM:
-    four_over_six: FourOverSixGroupedExpertsConverter.Config = field(
-        default_factory=FourOverSixGroupedExpertsConverter.Config)
-
-
-@dataclass(kw_only=True, slots=True)
-class Quantize:
-    linear: QuantizedLinear = field(default_factory=QuantizedLinear)
-    grouped_mm: QuantizedGroupedMM = field(default_factory=QuantizedGroupedMM)
+Quantize, QuantizedLinear, QuantizedGroupedMM = make_quantize_sections(
+    __name__, FourOverSixLinearConverter.Config, FourOverSixGroupedExpertsConverter.Config, kw_only=True, slots=True)
 
 
 def sections(config) -> dict[str, object]:
