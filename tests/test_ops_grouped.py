@@ -159,3 +159,15 @@ def test_bad_shapes_and_dtypes():
         four_over_six_grouped_mm(A, W[:0].transpose(-2, -1), offs[:0], recipe=r)
     with pytest.raises(TypeError, match="A.dtype=torch.int64"):
         four_over_six_grouped_mm(A.long(), W.transpose(-2, -1), offs, recipe=r)
+
+
+def test_the_saved_structures_name_the_backward_ops_arguments():
+    """The named tuples the autograd functions save are the backward ops' tensor arguments, in their order (the
+    backward passes them positionally)."""
+    import inspect
+
+    from titan_fp4six.ops import dense, grouped
+
+    for saved, op in ((dense._DenseSaved, dense.dense_bwd), (grouped._GroupedSaved, grouped.grouped_bwd)):
+        params = list(inspect.signature(op.body).parameters)
+        assert saved._fields == tuple(params[1:1 + len(saved._fields)]), (saved._fields, params)

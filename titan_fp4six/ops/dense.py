@@ -7,6 +7,8 @@ are wrapped in an autograd.Function. The ops take the recipe's dense GemmPlan as
 the public functions below check their arguments once.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -134,6 +136,30 @@ def _(dy, x, weight, x_codes, x_scales, w_codes, w_scales, w_decoded, x_amax, w_
     return dx, dw
 
 
+class _DenseSaved(NamedTuple):
+    """What the dense backward keeps, in dense_bwd's argument order; None where its backward mode needs nothing."""
+
+    x: Tensor | None
+    weight: Tensor | None
+    x_codes: Tensor | None
+    x_scales: Tensor | None
+    w_codes: Tensor | None
+    w_scales: Tensor | None
+    w_decoded: Tensor | None
+    x_amax: Tensor
+    w_amax: Tensor
+
+    @staticmethod
+    def of(p: GemmPlan, x, weight, xc, xs, wc, ws, w_dec, x_amax, w_amax) -> "_DenseSaved":
+        if p.backward == "high_precision":
+            return _DenseSaved(x, weight, None, None, None, None, None, x_amax, w_amax)
+        if p.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
+            return _DenseSaved(None, None, xc, xs, wc, ws, None, x_amax, w_amax)
+        if p.w_t.block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
+            return _DenseSaved(x, None, None, None, wc, ws, w_dec, x_amax, w_amax)
+        return _DenseSaved(x, weight, None, None, None, None, None, x_amax, w_amax)
+
+
 class _DenseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, p: GemmPlan, qw: QuantizedWeight | None):
@@ -144,15 +170,7 @@ class _DenseFunction(torch.autograd.Function):
         else:
             out, xc, xs, x_amax = dense_fwd_quantized_weight(x, qw.codes, qw.scales, qw.decoded, qw.amax, key)
             wc, ws, w_dec, w_amax = qw.codes, qw.scales, qw.decoded, qw.amax
-        if p.backward == "high_precision":
-            saved = (x, weight, None, None, None, None, None)
-        elif p.backward == "dequantized":  # only 4-bit codes, E4M3 scales and FP32 amax stay alive
-            saved = (None, None, xc, xs, wc, ws, None)
-        elif p.w_t.block == "16x16":  # quantized: x for its columnwise quantization, W's tiles transpose
-            saved = (x, None, None, None, wc, ws, w_dec)
-        else:
-            saved = (x, weight, None, None, None, None, None)
-        ctx.save_for_backward(*saved, x_amax, w_amax)
+        ctx.save_for_backward(*_DenseSaved.of(p, x, weight, xc, xs, wc, ws, w_dec, x_amax, w_amax))
         ctx.config = (key, x.dtype, weight.dtype)
         return out
 

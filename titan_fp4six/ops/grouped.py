@@ -6,6 +6,8 @@ each expert's amax covering its N rows (16x16 tiles stay inside an expert when N
 offs[-1] are not tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -164,6 +166,35 @@ def _(dy, A, B_t, offs, group_of_row, empty_groups, a_codes, a_scales, a_amax, w
     return dA, dW
 
 
+class _GroupedSaved(NamedTuple):
+    """What the grouped backward keeps, in grouped_bwd's argument order; None where its backward mode needs
+    nothing."""
+
+    A: Tensor | None
+    B_t: Tensor | None
+    offs: Tensor
+    group_of_row: Tensor
+    empty_groups: Tensor
+    a_codes: Tensor | None
+    a_scales: Tensor | None
+    a_amax: Tensor | None
+    w_codes: Tensor | None
+    w_scales: Tensor | None
+    w_decoded: Tensor | None
+    w_amax: Tensor | None
+
+    @staticmethod
+    def of(p: GemmPlan, A, B_t, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, w_dec, wa) -> "_GroupedSaved":
+        groups = (offs, group_of_row, empty_groups)
+        if p.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
+            return _GroupedSaved(None, None, *groups, ac, as_, aa, wc, ws, None, wa)
+        if p.backward == "high_precision":
+            return _GroupedSaved(A, B_t, *groups, None, None, None, None, None, None, None)
+        if p.w_t.block == "16x16":  # quantized: A for its columnwise quantization, W's tiles transpose
+            return _GroupedSaved(A, None, *groups, None, None, aa, wc, ws, w_dec, wa)
+        return _GroupedSaved(A, B_t, *groups, None, None, aa, None, None, None, wa)
+
+
 class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B_t, offs, p: GemmPlan, qw: QuantizedWeight | None):
@@ -175,14 +206,8 @@ class _GroupedFunction(torch.autograd.Function):
             out, ac, as_, aa, group_of_row, empty_groups = grouped_fwd_quantized_weight(
                 A, offs, qw.codes, qw.scales, qw.decoded, qw.amax, key)
             wc, ws, wa, w_dec = qw.codes, qw.scales, qw.amax, qw.decoded
-        if p.backward == "dequantized":  # only codes, E4M3 scales, FP32 amax, offs and the groups stay alive
-            ctx.save_for_backward(None, None, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, None, wa)
-        elif p.backward == "high_precision":
-            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, None, None, None, None, None)
-        elif p.w_t.block == "16x16":  # quantized: A for its columnwise quantization, W's tiles transpose
-            ctx.save_for_backward(A, None, offs, group_of_row, empty_groups, None, None, aa, wc, ws, w_dec, wa)
-        else:
-            ctx.save_for_backward(A, B_t, offs, group_of_row, empty_groups, None, None, aa, None, None, None, wa)
+        ctx.save_for_backward(*_GroupedSaved.of(p, A, B_t, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws,
+                                                w_dec, wa))
         ctx.config = (key, A.dtype, B_t.dtype)
         return out
 
