@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-from ..dispatch.amax import run_token_groups
+from ..dispatch.amax import run_expert_amax, run_token_groups
 from ..dispatch.backend import backends_for
 from ..dispatch.quantize import padded_transpose, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
@@ -203,7 +203,7 @@ def quantized_backward_operands(dy: torch.Tensor, x: torch.Tensor, w: torch.Tens
     if not grouped:
         w_amax = tensor_amax(w)
         tiles = quantize_operand(w, w_amax, p.w, b) if p.w_t.block == "16x16" else None  # the forward's tiles
-        x_amax = row_amax(x) if p.row_scaled else tensor_amax(x)
+        x_amax = tensor_amax(x)  # the forward's; a row-scaled x^T takes its column amaxes in the builder
         g = dense_grad_operands(dy, x, w, tiles, x_amax, w_amax, p, b, True, True)
         return {"dy": (dy, _dequantized(g.dy, _row_factors(g.dy_amax, dy.shape[0], p.dy.scale_bound), q)),
                 "dyT": _columnwise_pair(dy, g.dy_t, g.dy_t_amax, p.dy_t, q),
@@ -212,7 +212,7 @@ def quantized_backward_operands(dy: torch.Tensor, x: torch.Tensor, w: torch.Tens
                        (w.t(), _dequantized(g.w_t, _row_factors(w_amax, w.shape[1], p.w_t.scale_bound), q)))}
     experts, n, k = w.shape
     w_rows = w.reshape(experts * n, k)
-    w_amax = group_amax(w_rows, torch.arange(1, experts + 1, device=w.device, dtype=torch.int32) * n)
+    w_amax = run_expert_amax(w_rows, experts, q)
     tiles = quantize_operand(w_rows, w_amax, p.w, b) if p.w_t.block == "16x16" else None
     a_amax, group_of_row, _ = run_token_groups(x, offs, p.row_scaled, q)
     g = grouped_grad_operands(dy, x, w.transpose(-2, -1), offs, group_of_row, a_amax, tiles, w_amax, p, b, True,

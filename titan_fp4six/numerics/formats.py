@@ -24,10 +24,10 @@ wgrad sign vector, so the transform equals its reference implementation's."""
 PHILOX_KEYS = (0x9E3779B9, 0xBB67AE85)
 PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 PHILOX_ROUNDS = 10
-SEED_LIMIT = 2 ** 63
-"""Philox seeds are integers in [0, 2^63): a Triton kernel takes them as one int64 argument."""
 """Philox4x32-10's constants as Triton defines the generator (key increments, round multipliers A and B, rounds):
 the random bits of stochastic rounding (docs/numerics.md section 12; numerics/philox.py and kernels/philox.py)."""
+SEED_LIMIT = 2 ** 63
+"""Philox seeds are integers in [0, 2^63): a Triton kernel takes them as one int64 argument."""
 NAN_CODE = 0x3
 """The one E2M1 code every NaN gets (torchao's code for a positive NaN): a NaN's sign bit depends on the
 device's arithmetic, so the stored byte must not."""

@@ -6,6 +6,7 @@ and every division divides by an FP32 tensor (correctly rounded).
 """
 
 import functools
+
 import torch
 
 from .formats import (BLOCK_SIZE, DECODE_BIG_AMAX, DECODE_RESCALE, E2M1_MAX, FLT_MAX, NAN_CODE, STANDARD_BOUND,
