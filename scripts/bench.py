@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from titan_fp4six import (FourOverSixRecipe, dispatch, four_over_six_grouped_mm, four_over_six_linear,
+from titan_fp4six import (FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear,
                           four_over_six_quantize, tensor_amax)
 from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec, four_over_six_spec
@@ -106,7 +106,7 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(rows, cols)
-    amax = dispatch.row_amax(x) if mode == "row" else dispatch.tensor_amax(x)
+    amax = quant.row_amax(x) if mode == "row" else quant.tensor_amax(x)
     n = rows * cols
     quant_bytes = _bytes_4over6(n)  # the amax read is negligible
     dec_bytes = _bytes_4over6(n, decode=True)
@@ -136,7 +136,7 @@ def exact_path_cost(rep_ms):
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(16384, 7168)
-    amax = dispatch.tensor_amax(x)
+    amax = quant.tensor_amax(x)
     fast = _ms(lambda: kq.quantize(x, amax, OperandSpec()), rep_ms)
     tiny = torch.tensor(1e-30, device="cuda")
     slow = _ms(lambda: kq.quantize(x, tiny, OperandSpec()), rep_ms)
@@ -460,7 +460,7 @@ def _offsets(rows, experts, device, gen):
 
 
 def cmd_gemm(args):
-    from titan_fp4six.dispatch.backend import backends_for
+    from titan_fp4six.quant.backends import backends_for
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator().manual_seed(0)
@@ -512,7 +512,8 @@ def cmd_ops(args):
     Triton kernel it launches. As in training: backward on the calling thread (the converters' setting, for the
     bf16 rows too), map-to-4 counting off (torchtitan counts it on logged steps only)."""
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-    from titan_fp4six.ops import MAP4_STATS, quantize_linear_weight
+    from titan_fp4six.ops import quantize_linear_weight
+    from titan_fp4six.quant.process_state import MAP4_STATS
 
     run_backward_on_calling_thread()
     MAP4_STATS.enabled = False

@@ -21,7 +21,8 @@ from titan_fp4six.integration import metrics
 from titan_fp4six.integration.job_config import FourOverSixLinearConfig
 from titan_fp4six.modules import FourOverSixLinear, convert_experts
 from titan_fp4six.modules import fidelity as fid
-from titan_fp4six.ops import MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from titan_fp4six.ops import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from titan_fp4six.quant.process_state import MAP4_STATS
 
 
 def _randn(*shape, seed=0):
@@ -100,7 +101,7 @@ _FULL = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic", 
 def test_backward_operands_are_the_ones_the_quantized_backward_multiplies(recipe, grouped):
     """The dequantized operands of modules.fidelity.quantized_backward_operands, multiplied, give the op's quantized dX and dW (the
     Hadamard transform cancels in dY^T x): they are the op's operands, amaxes, layouts and stochastic seeds."""
-    from titan_fp4six.ops import set_rounding_seed
+    from titan_fp4six.quant.process_state import set_rounding_seed
     from titan_fp4six.modules.fidelity import quantized_backward_operands
     counts = torch.tensor([21, 0, 40, 3]) if grouped else torch.tensor([50])
     m, n, k, experts = int(counts.sum()), 32, 48, counts.numel()
@@ -156,7 +157,7 @@ def test_quantized_backward_is_measured_for_grouped_and_row_scaled_gemms(recipe,
 def test_measuring_gives_the_stochastic_seeds_back():
     """The telemetry measures inside a training step's backward: its GEMMs must draw the seeds they would draw
     unmeasured."""
-    from titan_fp4six.ops import GRADIENT_ROUNDING, set_rounding_seed
+    from titan_fp4six.quant.process_state import GRADIENT_ROUNDING, set_rounding_seed
     set_rounding_seed(3, 5)
     GRADIENT_ROUNDING.next()
     fid.gemm_fidelity(fid.GemmCase("c", _randn(32, 64), _randn(4, 32, 64, seed=1), _randn(32, 32, seed=2), _FULL,

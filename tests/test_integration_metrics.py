@@ -13,22 +13,24 @@ from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, conve
 from titan_fp4six.integration import metrics
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts
-from titan_fp4six.ops import MAP4_STATS, FourOverSixRecipe
+from titan_fp4six.ops import FourOverSixRecipe
+from titan_fp4six.quant import backends
+from titan_fp4six.quant.process_state import MAP4_STATS
 
 
 def test_emulated_gemms_use_the_bf16_peak():
-    peak = metrics.select_peak("NVIDIA H200", 989e12, 1e9, 5e8, native=False)
+    peak = metrics.select_peak("NVIDIA H200", 989e12, 1e9, 0)
     assert peak.flops == 989e12 and "bf16 peak" in peak.description and "emulated" in peak.description
 
 
 def test_blackwell_mixes_fp4_and_bf16_peaks():
-    peak = metrics.select_peak("NVIDIA B200", 2.25e15, 1e9, 0.5e9, native=True)
+    peak = metrics.select_peak("NVIDIA B200", 2.25e15, 1e9, 0.5e9)
     # half the FLOPs at 9e15 and half at 2.25e15: time per FLOP is the mean of the inverses
     assert peak.flops == pytest.approx(1 / (0.5 / 9e15 + 0.5 / 2.25e15))
     assert "mixed peak" in peak.description and "50.0%" in peak.description
-    gb = metrics.select_peak("NVIDIA GB200", 2.5e15, 1e9, 1e9, native=True)
+    gb = metrics.select_peak("NVIDIA GB200", 2.5e15, 1e9, 1e9)
     assert gb.flops == pytest.approx(10e15)
-    unknown = metrics.select_peak("NVIDIA B300", 2.25e15, 1e9, 0.5e9, native=True)
+    unknown = metrics.select_peak("NVIDIA B300", 2.25e15, 1e9, 0.5e9)
     assert unknown.flops == 2.25e15 and "no FP4 peak known" in unknown.description
 
 
@@ -44,7 +46,7 @@ def test_fp4_flops_per_param(recipe, grouped, expected):
     assert metrics.fp4_flops_per_param(recipe, grouped) == expected
 
 
-def test_converters_account_the_quantized_flops(monkeypatch):
+def test_converters_account_the_quantized_flops(monkeypatch, on_mocked_blackwell):
     monkeypatch.setattr(metrics, "_tracked", {})
     job = job_config()
     model, args = build_model("deepseek_v3", job, **SMALL_DEEPSEEK)
@@ -54,7 +56,8 @@ def test_converters_account_the_quantized_flops(monkeypatch):
     active = sum((m.w1.numel() + m.w2.numel() + m.w3.numel()) * args.moe_args.top_k // m.num_experts
                  for m in experts)
     assert linear > 0 and active > 0
-    assert metrics.fp4_flops_per_token() == 6 * linear + 2 * active
+    assert metrics.fp4_flops_per_token(on_mocked_blackwell) == 6 * linear + 2 * active
+    assert metrics.fp4_flops_per_token(torch.device("cpu")) == 0  # emulated there
 
 
 class _Recorder(BaseLogger):
@@ -80,7 +83,7 @@ def _processor(device_name, bf16_peak, flops_per_token):
 @pytest.mark.parametrize("native", [False, True])
 def test_installed_log_reports_mfu_peak_and_map4(native, monkeypatch, caplog):
     monkeypatch.setattr(metrics, "_tracked", {"w": (100, FourOverSixRecipe(), False)})  # 600 FP4 FLOPs/token
-    monkeypatch.setattr(metrics, "native_fp4", lambda job, dims: native)
+    monkeypatch.setattr(metrics, "run_fp4_flops", lambda job, dims: 600 if native else 0)
     metrics.install()
     metrics.install()  # idempotent: one wrapper
     assert MetricsProcessor.log.__wrapped__.__name__ == "log" and not hasattr(MetricsProcessor.log.__wrapped__,
@@ -133,9 +136,28 @@ def test_map4_counting_runs_only_on_steps_that_log(monkeypatch):
     assert counted == [step == 1 or step % 5 == 0 for step in range(1, 12)]
 
 
-def test_an_emulation_forced_by_the_environment_counts_no_fp4_flops(monkeypatch):
-    """TITAN_FP4SIX_EMULATE=1 runs every GEMM emulated: MFU must not be taken against the FP4 peak."""
-    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "1")
-    assert metrics.fp4_flops_per_param(FourOverSixRecipe(), False) == 0
-    monkeypatch.setenv("TITAN_FP4SIX_EMULATE", "0")
-    assert metrics.fp4_flops_per_param(FourOverSixRecipe(), False) == 6
+@pytest.fixture
+def on_mocked_blackwell(monkeypatch):
+    """A CUDA device whose GEMMs resolve to the real FP4 kernels (backends.fp4_available patched; what was
+    resolved before and under the patch is forgotten)."""
+    monkeypatch.setattr(backends, "fp4_available", lambda device: device.type == "cuda")
+    monkeypatch.delenv(backends.EMULATE_ENV, raising=False)
+    backends.backends_for.cache_clear()
+    yield torch.device("cuda", 0)
+    backends.backends_for.cache_clear()
+
+
+def test_an_emulation_forced_by_the_environment_reports_the_bf16_peak(monkeypatch, on_mocked_blackwell):
+    """TITAN_FP4SIX_EMULATE=1 runs every GEMM emulated, also on Blackwell: the MFU peak is the bf16 one. The
+    metrics take the decision from the ops' resolved backends."""
+    monkeypatch.setattr(metrics, "_tracked", {"w": (100, FourOverSixRecipe(), False)})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    dims = SimpleNamespace(fsdp_enabled=True, tp_enabled=False, pp_enabled=False)
+    assert metrics.run_fp4_flops(job_config(), dims) == 600  # bf16 mixed precision on Blackwell: FP4 GEMMs
+    monkeypatch.setenv(backends.EMULATE_ENV, "1")
+    backends.backends_for.cache_clear()  # the environment is read when a device is first resolved
+    assert metrics.run_fp4_flops(job_config(), dims) == 0
+    p = _processor("NVIDIA B200", 2.25e15, 1000)
+    p.parallel_dims = dims
+    assert metrics._peak_for(p).flops == 2.25e15

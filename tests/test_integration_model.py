@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.helpers.integration_helpers import SMALL_DEEPSEEK, build_model, convert, job_config
 from titan_fp4six.modules import FourOverSixLinear
-from titan_fp4six.ops import MAP4_STATS
+from titan_fp4six.quant.process_state import MAP4_STATS
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.kernel_cases import KINDS, amax_check_cases, cases, compare, near_tie_case
-from titan_fp4six import dispatch
+from titan_fp4six import quant
 from titan_fp4six.numerics.spec import four_over_six_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -54,13 +54,13 @@ def test_rows_not_16_byte_aligned(kq, dtype, offset):
     x = torch.randn(48, 272 + 2 * offset, device="cuda").to(dtype)[:, offset:offset + 272]
     assert x.data_ptr() % 16 and kq.eligible(x)
     for block in ("1x16", "16x16"):
-        assert compare(kq, x, dispatch.tensor_amax(x), block, "mse", 256) == []
+        assert compare(kq, x, quant.tensor_amax(x), block, "mse", 256) == []
 
 
 def test_large_random_matches_and_is_deterministic(kq):
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(1024, 7168, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
-    for amax, block in ((dispatch.tensor_amax(x), "16x16"), (dispatch.row_amax(x), "1x16")):
+    for amax, block in ((quant.tensor_amax(x), "16x16"), (quant.row_amax(x), "1x16")):
         assert compare(kq, x, amax, block, "mse", 256) == []
         first = kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), decode=True)
         again = kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), decode=True)
@@ -70,18 +70,18 @@ def test_large_random_matches_and_is_deterministic(kq):
 
 def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
-    amax = dispatch.tensor_amax(x)
+    amax = quant.tensor_amax(x)
     calls = []
     real = kq._launch
     monkeypatch.setattr(kq, "_launch", lambda *a, **k: calls.append(k) or real(*a, **k))
-    fast = dispatch.four_over_six_quantize(x, amax, block="16x16")
-    dec, _ = dispatch.four_over_six_quantize_decode(x, amax)
-    dispatch.nvfp4_quantize(x, amax)
+    fast = quant.four_over_six_quantize(x, amax, block="16x16")
+    dec, _ = quant.four_over_six_quantize_decode(x, amax)
+    quant.nvfp4_quantize(x, amax)
     assert len(calls) == 3
     # A column-strided view is not taken by the kernel: the reference runs (logged) with the same bytes.
     xt = x.t().contiguous().t()
-    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.dispatch.backend"):
-        slow = dispatch.four_over_six_quantize(xt, amax, block="16x16")
+    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.quant.primitives"):
+        slow = quant.four_over_six_quantize(xt, amax, block="16x16")
     assert len(calls) == 3 and "reference path" in caplog.text
     assert torch.equal(fast.codes, slow.codes) and torch.equal(fast.scales.view(torch.uint8), slow.scales.view(torch.uint8))
     assert dec.dtype == torch.bfloat16
@@ -90,7 +90,7 @@ def test_public_functions_dispatch_to_kernels(kq, monkeypatch, caplog):
 def test_compiled_kernel_divides_correctly_rounded(kq):
     """The kernels Triton compiled on this GPU: div.rn, no approximate division (contraction: test_kernels_codegen)."""
     x = torch.randn(32, 64, device="cuda")
-    kq.quantize(x, dispatch.tensor_amax(x), four_over_six_spec("16x16", "mse", 256, True), decode=True)
+    kq.quantize(x, quant.tensor_amax(x), four_over_six_spec("16x16", "mse", 256, True), decode=True)
     ptx = "\n".join(k.asm["ptx"] for k in _compiled(kq._quantize_kernel))
     assert "div.rn.f32" in ptx
     assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
@@ -119,9 +119,9 @@ def test_amax_kernels_match_torch(dtype):
     assert ka.tensor_amax(x).isnan()
     x[3, 7] = 1e4 if dtype != torch.float16 else 6e4
     assert torch.equal(ka.tensor_amax(x), x.abs().amax().float())
-    assert torch.equal(dispatch.tensor_amax(x), x.abs().amax().float())
+    assert torch.equal(quant.tensor_amax(x), x.abs().amax().float())
     offs = torch.tensor([100, 100, 250], device="cuda", dtype=torch.int32)
-    groups = dispatch.group_amax(x, offs)
+    groups = quant.group_amax(x, offs)
     expect = torch.stack([x[:100].abs().amax().float(), torch.zeros((), device="cuda"), x[100:250].abs().amax().float()])
     assert torch.equal(groups, expect)
     x[260] = float("nan")  # a row past the last group: not a token, its amax is 0 whatever it holds
@@ -137,7 +137,7 @@ def test_token_groups_kernel_matches_the_reference(experts):
     reference's (searchsorted; row amax with the rows past offs[-1] zeroed, or scatter_reduce per group),
     bitwise: empty groups, a last group ending before the last row, NaN and Inf in tokens and past the last group,
     dtypes, a row stride wider than the row, and recycled memory under the outputs; and the empty groups."""
-    from titan_fp4six.dispatch.amax import run_token_groups
+    from titan_fp4six.quant.amax import run_token_groups
     from titan_fp4six.kernels import amax as ka
     g = torch.Generator(device="cuda").manual_seed(experts)
     rows = 1000
@@ -169,7 +169,7 @@ def test_dense_amaxes_kernel_matches_the_reference():
     """The dense GEMM's amaxes vector (x's per tensor or per row, then the weight's) from the kernels equals the
     reference's, bitwise, NaN included: x and W of different dtypes and sizes (more programs for one than the
     other), an empty x, and recycled memory under the outputs."""
-    from titan_fp4six.dispatch.amax import run_dense_amaxes
+    from titan_fp4six.quant.amax import run_dense_amaxes
     from titan_fp4six.kernels import amax as ka
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(3000, 256, device="cuda", generator=g).bfloat16()

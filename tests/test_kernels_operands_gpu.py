@@ -12,7 +12,7 @@ from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,
                                          compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
                                          epilogue_cases, row_groups_cases, token_block_cases)
-from titan_fp4six import dispatch
+from titan_fp4six import quant
 from titan_fp4six.numerics.spec import four_over_six_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -88,7 +88,7 @@ def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
     gen = torch.Generator(device="cuda").manual_seed(5)
     for m, k in ((8192, 5120), (4100, 7168)):
         x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
-        amax = dispatch.tensor_amax(x)
+        amax = quant.tensor_amax(x)
         assert compare_columnwise(kq, x, amax, "mse", 256, True) == []
         first = kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, True), True)
         again = kq.quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, True), True)
@@ -98,7 +98,7 @@ def test_columnwise_realistic_shapes_match_and_are_deterministic(kq):
 
 def test_nvfp4_quantize_decode_realistic_shape(kq):
     x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)
-    for amax in (dispatch.tensor_amax(x), dispatch.row_amax(x)):
+    for amax in (quant.tensor_amax(x), quant.row_amax(x)):
         assert compare_nvfp4_decode(kq, x, amax) == []
 
 
@@ -121,7 +121,7 @@ def test_decode_kernels_sweep(kd, dtype):
 def test_decode_of_quantized_operands_equals_fused_decode(kq, kd):
     """The decode kernel on a quantizer's codes and scales gives the fused kernel's decode, row and column."""
     x = torch.randn(1000, 2064, device="cuda", dtype=torch.bfloat16)
-    amax = dispatch.tensor_amax(x)
+    amax = quant.tensor_amax(x)
     spec = four_over_six_spec("1x16", "mse", 256, True)
     codes, scales, _, dec = kq.quantize(x, amax, spec, decode=True)
     assert torch.equal(kd.decode_block_scaled(codes, scales).view(torch.int16), dec.view(torch.int16))
@@ -147,25 +147,26 @@ def test_amax_read_per_row_by_the_kernels(kq, kd, err_mode, bound):
 def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
     """Counting programs of up to 8 chunks whose near ties send chunks through the exact path after the loop:
     the exact choice replaces the fast one in the counts, which equal the reference mask's."""
-    from titan_fp4six.numerics import formats, reference
+    from titan_fp4six.numerics import reference
+    from titan_fp4six.quant import process_state
 
     monkeypatch.setattr(kq, "MIN_PROGRAMS", 1)
     kq._chunks_per_program.cache_clear()
     x, amax = near_tie_case(block, "mse", 256)
     x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
     x, amax = x.cuda(), amax.cuda()
-    counts = formats.map4_count_buffer("cuda")
+    counts = process_state.map4_count_buffer("cuda")
     kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), map4=counts)
     kq._chunks_per_program.cache_clear()
     want = reference.map4_counts(reference.four_over_six_reference(x, amax, block, "mse", 256)[2])
-    assert torch.equal(formats.map4_total(counts), want) and 0 < want[0] < want[1]
+    assert torch.equal(process_state.map4_total(counts), want) and 0 < want[0] < want[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_map6_only_kernels_match_reference(dtype):
     """choose=False (an operand outside the recipe's scope): row-major, fused and columnwise kernels keep
     map-to-6 in every block, bitwise equal to the reference, edge data included."""
-    from titan_fp4six.dispatch.quantize import run_quantize, run_quantize_columnwise
+    from titan_fp4six.quant.quantize import run_quantize, run_quantize_columnwise
     from titan_fp4six.numerics import reference
 
     g = torch.Generator().manual_seed(5)

@@ -1,5 +1,5 @@
 """The package's imports run one way: numerics and kernels at the bottom (kernels may use only the formats),
-then dispatch, ops, modules, integration, and the entry points on top. Checked on the source: static imports
+then quant, ops, modules, integration, and the entry points on top. Checked on the source: static imports
 (lazy ones inside functions too) and importlib calls, which must name their module as a literal."""
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "titan_fp4six"
-LAYERS = {"numerics": 0, "kernels": 0, "dispatch": 1, "ops": 2, "modules": 3, "integration": 4}
+LAYERS = {"numerics": 0, "kernels": 0, "quant": 1, "ops": 2, "modules": 3, "integration": 4}
 TOP = 5  # the package root's modules (__init__, train) and any other subpackage (entry points)
 
 
@@ -69,6 +69,9 @@ def test_numerics_imports_nothing_above_it(path):
         assert target[0] == "numerics", target
 
 
-def test_only_the_dispatch_layer_names_the_kernels():
-    users = {p.relative_to(PACKAGE).parts[0] for p in MODULES if any(t[0] == "kernels" for t in _imports(p))}
-    assert users <= {"kernels", "dispatch"}, users
+def test_only_the_quant_backends_name_the_kernels():
+    """The kernels are imported in one place (quant.backends.kernel_module) and chosen in one (quant.primitives.pick)."""
+    users = {p.relative_to(PACKAGE) for p in MODULES if any(t[0] == "kernels" for t in _imports(p))}
+    assert {u for u in users if u.parts[0] != "kernels"} == {Path("quant/backends.py")}, users
+    pickers = {p.relative_to(PACKAGE) for p in MODULES if "kernel_module(" in p.read_text()}
+    assert pickers == {Path("quant/backends.py"), Path("quant/primitives.py")}, pickers

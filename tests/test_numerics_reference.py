@@ -404,7 +404,7 @@ def test_amax_per_row_maps_tensor_runs_groups_and_rows():
 
 
 def test_map4_counts_count_data_rows_and_the_buffer_sums_its_rows():
-    from titan_fp4six.numerics.formats import map4_count_buffer, map4_total
+    from titan_fp4six.quant.process_state import map4_count_buffer, map4_total
     from titan_fp4six.numerics.groups import RowGroups
     from titan_fp4six.numerics.reference import map4_counts
 

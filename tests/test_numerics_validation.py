@@ -86,7 +86,7 @@ def test_amax_helpers():
 def test_token_groups_reference():
     """A grouped GEMM's A by token group: each row's group (E past offs[-1]) and the amax per row (0 past
     offs[-1], whatever the row holds) or per group (0 for an empty group)."""
-    from titan_fp4six.dispatch.amax import run_token_groups
+    from titan_fp4six.quant.amax import run_token_groups
     x = torch.tensor([[1.0, -3.0], [2.0, 0.5], [-7.0, 1.0], [float("nan"), 9.0]])
     offs = torch.tensor([1, 1, 3], dtype=torch.int32)
     rows, group, empty = run_token_groups(x, offs, True, "reference")

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
 from titan_fp4six.numerics.reference import global_decode_factor
 from titan_fp4six.ops import blackwell
-from titan_fp4six.dispatch import backend
-from titan_fp4six.dispatch.backend import EMULATE_ENV, resolve_backends
-from titan_fp4six.ops.operands import Operand
+from titan_fp4six.quant import backends
+from titan_fp4six.quant.backends import EMULATE_ENV, resolve_backends
+from titan_fp4six.quant.operands import Operand, gemm_quantizers
 
 
 def _scales(*shape, seed=0):
@@ -89,7 +89,7 @@ def test_grouped_arguments():
 def test_gate_is_strictly_major_10(monkeypatch, major, expected):
     """gemm='auto' takes the real kernels only on major 10; 'emulated' and TITAN_FP4SIX_EMULATE=1 never do;
     'fp4' where they cannot run is an error naming the knob."""
-    monkeypatch.setattr(backend, "_capability_major", lambda device: major)
+    monkeypatch.setattr(backends, "_capability_major", lambda device: major)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
     monkeypatch.delenv(EMULATE_ENV, raising=False)
     cuda = torch.device("cuda", 0)
@@ -97,8 +97,8 @@ def test_gate_is_strictly_major_10(monkeypatch, major, expected):
     def fp4_gemms(device, gemm):
         return resolve_backends("reference", gemm, device).fp4
 
-    assert backend.fp4_available(cuda) is expected and fp4_gemms(cuda, "auto") is expected
-    assert not backend.fp4_available(torch.device("cpu")) and not fp4_gemms(torch.device("cpu"), "auto")
+    assert backends.fp4_available(cuda) is expected and fp4_gemms(cuda, "auto") is expected
+    assert not backends.fp4_available(torch.device("cpu")) and not fp4_gemms(torch.device("cpu"), "auto")
     assert not fp4_gemms(cuda, "emulated")
     if expected:
         assert fp4_gemms(cuda, "fp4")
@@ -216,12 +216,17 @@ def _row_oracle(a, b_rows_of, const, b_factor_of, row_amax, rows):
 def on_blackwell(monkeypatch):
     """The Blackwell dispatch with F.scaled_mm / F.scaled_grouped_mm emulated on CPU (the stored backends are
     resolved again under the patch and after it)."""
-    monkeypatch.setattr(backend, "fp4_available", lambda device: True)
+    monkeypatch.setattr(backends, "fp4_available", lambda device: True)
     monkeypatch.setattr(F, "scaled_mm", _emulated_scaled_mm)
     monkeypatch.setattr(F, "scaled_grouped_mm", _emulated_scaled_grouped_mm)
-    backend.backends_for.cache_clear()
+    _forget_resolved()
     yield
-    backend.backends_for.cache_clear()
+    _forget_resolved()
+
+
+def _forget_resolved():
+    backends.backends_for.cache_clear()
+    gemm_quantizers.cache_clear()
 
 
 def test_emulated_scaled_mm_is_the_exact_nvfp4_gemm():
@@ -240,7 +245,7 @@ def test_dense_row_scaled_equals_rounding_oracle(on_blackwell):
     const, _ = row_split(amax, 256)
     b_amax = torch.tensor(18.9)
     b_factor = global_decode_factor(b_amax, 256)
-    out = gemm_nt(a, amax, 256, b, b_amax, 256, torch.bfloat16, backend.backends_for("auto", "auto", a.codes.device))
+    out = gemm_nt(a, amax, 256, b, b_amax, 256, torch.bfloat16, backends.backends_for("auto", "auto", a.codes.device))
     b_dec = _decode(b.codes, b.scales)
     expected = _row_oracle(a, lambda r: b_dec, const, lambda r: b_factor, amax, 40)
     assert torch.equal(out, expected)
@@ -249,7 +254,7 @@ def test_dense_row_scaled_equals_rounding_oracle(on_blackwell):
 
 
 def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
-    from titan_fp4six.dispatch.amax import group_index
+    from titan_fp4six.quant.amax import group_index
     from titan_fp4six.ops.gemm import grouped_gemm_nt, row_split
     experts, n, rows = 4, 32, 300
     offs = torch.tensor([3, 3, 200, 290], dtype=torch.int32)
@@ -260,7 +265,7 @@ def test_grouped_row_scaled_equals_rounding_oracle(on_blackwell):
     w_factor = global_decode_factor(w_amax, 448)
     split = row_split(amax, 448)
     out = grouped_gemm_nt(a, amax, False, w, w_amax, offs, group_of_row, 448, torch.bfloat16,
-                          backend.backends_for("auto", "auto", a.codes.device))
+                          backends.backends_for("auto", "auto", a.codes.device))
     w_dec = _decode(w.codes, w.scales).view(experts, n, 64)
     g = group_of_row.clamp(max=experts - 1)
     expected = _row_oracle(a, lambda r: w_dec[g[r]], split[0], lambda r: w_factor[g[r]], amax, rows)

@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
-from titan_fp4six.ops import MAP4_STATS
+from titan_fp4six.quant.process_state import MAP4_STATS
 
 
 class _Block(torch.nn.Module):

@@ -5,8 +5,8 @@ import torch
 
 from tests.helpers.ops_oracle import assert_matches, four_six64, pad16, rel_for, standard64
 from titan_fp4six import FourOverSixRecipe, four_over_six_linear, four_over_six_mm
-from titan_fp4six.dispatch import nvfp4_dequantize, row_amax, tensor_amax, four_over_six_quantize
-from titan_fp4six.ops.operands import Operand, transpose_tile_codes
+from titan_fp4six.quant import nvfp4_dequantize, row_amax, tensor_amax, four_over_six_quantize
+from titan_fp4six.quant.operands import Operand, transpose_tile_codes
 
 
 def _operands(seed, lead=(37,), k=64, n=48, dtype=torch.bfloat16):
@@ -122,7 +122,7 @@ def test_transposed_tiles_decode_to_the_transpose():
 def test_backward_decodes_the_weight_tiles_with_the_recipes_quantizer(monkeypatch):
     """The quantized backward decodes the forward's 16x16 weight tiles for W^T with the recipe's `quantizer`
     (quantizer='reference' must mean the reference everywhere, not only in the quantizers)."""
-    from titan_fp4six.ops import operands
+    from titan_fp4six.quant import operands
     seen = []
     decode = operands.run_decode_block_scaled
     monkeypatch.setattr(operands, "run_decode_block_scaled",

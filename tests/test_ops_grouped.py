@@ -6,7 +6,7 @@ import torch
 
 from tests.helpers.ops_oracle import assert_matches, four_six64
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
-from titan_fp4six.dispatch import row_amax, tensor_amax
+from titan_fp4six.quant import row_amax, tensor_amax
 
 K, N, E = 64, 32, 4
 OFFS = [10, 10, 41, 60]  # an empty group, odd sizes, 10 tail rows of a 70-row A

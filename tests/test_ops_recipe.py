@@ -54,3 +54,16 @@ def test_quantized_backward_holds_for_row_scaling_and_grouped():
             assert p.dy.candidates == "nvfp4" and p.dy.scaling == ("group" if grouped else "tensor")
             assert p.x_t == p.x and p.w_t == p.w
             assert p.x.scaling == ("row" if row else "group" if grouped else "tensor")
+
+
+def test_the_ops_find_a_recipe_plan_by_its_key_or_the_resolved_key():
+    """The custom ops receive a key string; the plan behind it is the recipe's own, never rebuilt from the key."""
+    from titan_fp4six.quant.recipe import registered_plan
+
+    recipe = FourOverSixRecipe(err_mode="mae", scope="weights")  # backward "auto"
+    for grouped in (False, True):
+        plan = recipe.plan(grouped)
+        assert registered_plan(plan.key, grouped) is plan and registered_plan(recipe.key, grouped) is plan
+        assert plan.key != recipe.key  # auto resolved: quantized (dense), high_precision (grouped)
+    with pytest.raises(KeyError, match=r"no FourOverSixRecipe of this process has the key 'nonsense' for grouped"):
+        registered_plan("nonsense", True)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from titan_fp4six import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm
-from titan_fp4six.dispatch import four_over_six_quantize, group_amax, tensor_amax
-from titan_fp4six.ops import MAP4_STATS, Map4Stats
+from titan_fp4six.quant import four_over_six_quantize, group_amax, tensor_amax
+from titan_fp4six.quant.process_state import MAP4_STATS, Map4Stats
 
 
 def test_counts_per_device_while_enabled_and_resets():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from titan_fp4six.integration.dry_run import build_and_convert
-from titan_fp4six.ops.recipe import FourOverSixRecipe
+from titan_fp4six.quant.recipe import FourOverSixRecipe
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -11,11 +11,11 @@ from tests.helpers.interpreter import configs_checked
 from tests.helpers.rht_cases import REALISTIC, edge_matrix, realistic, same_bits
 from tests.helpers.rht_oracle import TE_SIGNS, exact_blocks, te_rht_columns, te_rht_last_dim, te_rht_matrix
 from titan_fp4six import FourOverSixRecipe, four_over_six_mm
-from titan_fp4six.dispatch.quantize import run_quantize, run_quantize_columnwise, run_transformed_columnwise
+from titan_fp4six.quant.quantize import run_quantize, run_quantize_columnwise
 from titan_fp4six.numerics.formats import RHT_SIGNS
 from titan_fp4six.numerics.hadamard import rht16_blocks, rht16_columns_reference
 from titan_fp4six.numerics.spec import NVFP4, OperandSpec
-from titan_fp4six.ops.recipe import plan_from_key
+from titan_fp4six.quant.recipe import registered_plan
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -176,10 +176,13 @@ def test_spec_transform_values():
 
 
 def test_transformed_operand_has_the_transformed_amax():
+    from titan_fp4six.quant.backends import backends_for
+    from titan_fp4six.quant.operands import RoleQuantizer
+
     x = torch.randn(40, 32, generator=torch.Generator().manual_seed(2)).bfloat16()
     spec = OperandSpec(candidates="nvfp4", scale_bound=448, transform="rht16")
-    codes, scales, amax, dec = run_transformed_columnwise(x, spec, "reference", True)
-    assert codes.shape == (32, 24) and scales.shape == (32, 3) and dec.shape == (32, 48)
+    op, amax = RoleQuantizer(spec, backends_for("reference", "emulated", x.device)).columns(x, x.abs().amax().float())
+    assert op.codes.shape == (32, 24) and op.scales.shape == (32, 3) and op.decoded.shape == (32, 48)
     assert torch.equal(amax, rht16_columns_reference(x).abs().amax().float())
 
 
@@ -191,7 +194,7 @@ def test_plan_roles(wgrad_rht):
     assert (p.x_t.transform, p.dy_t.transform) == (want, want)
     assert (p.x.transform, p.w.transform, p.dy.transform, p.w_t.transform) == ("none",) * 4
     assert p.dy == NVFP4 and p.dy_t.untransformed == NVFP4 and p.x_t.untransformed == p.x
-    assert plan_from_key(p.key, False) == p  # the key's "False" parses back to False
+    assert registered_plan(p.key, False) == p
     assert FourOverSixRecipe(wgrad_rht=wgrad_rht).plan(grouped=False) == p  # auto: quantized for dense
 
 
@@ -207,7 +210,7 @@ def test_plan_roles_grouped_and_row_scaled(grouped, scaling):
     assert p.x_t.untransformed == plain.x_t and p.dy_t.untransformed == plain.dy_t
     assert (p.x, p.w, p.dy, p.w_t) == (plain.x, plain.w, plain.dy, plain.w_t)
     assert p.x_t.scaling == ("row" if scaling == "row" else "group" if grouped else "tensor")
-    assert plan_from_key(p.key, grouped) == p
+    assert registered_plan(p.key, grouped) == p
 
 
 @pytest.mark.parametrize("knobs, resolved", [(dict(backward="high_precision"), ""),
@@ -340,7 +343,7 @@ def test_gpu_token_block_kernel_matches_reference():
             x[ends[-1]:] = float("nan")
             blocks = TokenBlocks.of(torch.tensor(ends, dtype=torch.int32), m)
             want = rht16_columns_reference(blocks.gather(x))
-            got = rht16_token_blocks(x.cuda(), TokenBlocks.of(torch.tensor(ends, dtype=torch.int32).cuda(), m).table)
+            got = rht16_token_blocks(x.cuda(), TokenBlocks.of(torch.tensor(ends, dtype=torch.int32).cuda(), m))
             assert same_bits(got.cpu(), want)
 
 
@@ -424,17 +427,17 @@ def test_compiled_equals_eager_with_wgrad_rht():
 def test_wgrad_rht_false_keeps_the_untransformed_bytes():
     """wgrad_rht=False: dW is the columnwise NVFP4 dy^T (dy's amax) times the columnwise 4/6 x^T (the forward's
     amax), the quantized backward as it was before the knob existed."""
-    from titan_fp4six.dispatch.backend import backends_for
+    from titan_fp4six.quant.backends import backends_for
     from titan_fp4six.ops.gemm import gemm_nt
-    from titan_fp4six.ops.operands import quantize_columnwise
+    from titan_fp4six.quant.operands import RoleQuantizer
 
     x, w, dy = _data(72, seed=10)
     recipe = FourOverSixRecipe(backward="quantized")
     _, dw = _grads(x, w, dy, recipe)
     p, b = recipe.plan(grouped=False), backends_for("auto", "auto", x.device)
     dy_amax, x_amax = dy.abs().amax().float(), x.abs().amax().float()
-    want = gemm_nt(quantize_columnwise(dy, dy_amax, NVFP4, b), dy_amax, 448, quantize_columnwise(x, x_amax, p.x, b),
-                   x_amax, p.x.scale_bound, w.dtype, b)
+    dy_t, x_t = RoleQuantizer(NVFP4, b).columns(dy, dy_amax)[0], RoleQuantizer(p.x, b).columns(x, x_amax)[0]
+    want = gemm_nt(dy_t, dy_amax, 448, x_t, x_amax, p.x.scale_bound, w.dtype, b)
     assert torch.equal(dw, want)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers.rl_helpers import float_histc, score, tiny_model  # noqa: F401 (fixture)
-from titan_fp4six.ops import MAP4_STATS
+from titan_fp4six.quant.process_state import MAP4_STATS
 from titan_fp4six.rl import consistent
 from titan_fp4six.rl.experts import ExpertWeightCache, cached_experts
 from titan_fp4six.rl.forward import forward, kernels, layout

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from tests.helpers.interpreter import configs_checked
-from titan_fp4six.dispatch import nvfp4_dequantize, tensor_amax
+from titan_fp4six.quant import nvfp4_dequantize, tensor_amax
 from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.formats import e2m1_decode, e2m1_encode, e2m1_encode_stochastic
 from titan_fp4six.numerics.philox import philox4x32, stochastic_bits
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
-from titan_fp4six.ops import (GRADIENT_ROUNDING, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm,
-                              quantize_linear_weight, set_rounding_seed)
-from titan_fp4six.ops.recipe import KNOBS
-from titan_fp4six.ops.rounding import derive_seed
+from titan_fp4six.ops import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_mm, quantize_linear_weight
+from titan_fp4six.quant.process_state import GRADIENT_ROUNDING, set_rounding_seed
+from titan_fp4six.quant.recipe import KNOBS
+from titan_fp4six.quant.process_state import derive_seed
 
 GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -286,7 +286,7 @@ def test_stochastic_spec_needs_nvfp4_candidates_and_a_seed():
         OperandSpec(candidates="4/6", rounding="stochastic")
     with pytest.raises(ValueError, match="OperandSpec.rounding='dither' is not supported"):
         OperandSpec(rounding="dither")
-    from titan_fp4six.dispatch.quantize import run_quantize
+    from titan_fp4six.quant.quantize import run_quantize
     for seed in (None, -1, 2 ** 63, 1.0):
         with pytest.raises(ValueError, match="needs a seed"):
             run_quantize(torch.randn(2, 16), torch.tensor(3.0), NVFP4_STOCHASTIC, "reference", False, seed=seed)

@@ -15,7 +15,7 @@ from torchtitan.models.qwen3 import Qwen3ModelArgs
 from tests.helpers.rl_helpers import score, tiny_args, tiny_model
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts
-from titan_fp4six.ops import MAP4_STATS
+from titan_fp4six.quant.process_state import MAP4_STATS
 from titan_fp4six.rl import grpo
 from titan_fp4six.rl.forward import kernels
 

@@ -22,7 +22,8 @@ from tests.helpers.training_harness import CPU_ARGS, REPO, train  # noqa: E402
 from titan_fp4six.integration import export  # noqa: E402
 from titan_fp4six.modules import FourOverSixLinear  # noqa: E402
 from titan_fp4six.numerics.reference import decode_block_scaled_reference, global_decode_factor  # noqa: E402
-from titan_fp4six.ops import MAP4_STATS, quantize_grouped_weight, quantize_linear_weight  # noqa: E402
+from titan_fp4six.ops import quantize_grouped_weight, quantize_linear_weight  # noqa: E402
+from titan_fp4six.quant.process_state import MAP4_STATS
 
 CONFIG = "qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml"
 ARGS = ["--training.steps", "2", "--checkpoint.enable", "--checkpoint.interval", "2",

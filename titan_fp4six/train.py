@@ -53,7 +53,7 @@ def prepare_process() -> None:
     environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-    from titan_fp4six.dispatch.backend import environment_overrides
+    from titan_fp4six.quant.backends import environment_overrides
 
     environment_overrides()
     expandable_segments_by_default()
@@ -84,7 +84,7 @@ def prepare_process_tt03() -> None:
     the registry adds the data."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-    from titan_fp4six.dispatch.backend import environment_overrides
+    from titan_fp4six.quant.backends import environment_overrides
     from titan_fp4six.integration.tt03 import compat, cpu
 
     environment_overrides()

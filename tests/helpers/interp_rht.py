@@ -44,7 +44,7 @@ def main() -> int:
         x = torch.randn(50, 48, generator=g).bfloat16()
         x[ends[-1]:] = float("nan")
         blocks = TokenBlocks.of(torch.tensor(ends, dtype=torch.int32), x.shape[0])
-        if not same_bits(kh.rht16_token_blocks(x, blocks.table), rht16_columns_reference(blocks.gather(x))):
+        if not same_bits(kh.rht16_token_blocks(x, blocks), rht16_columns_reference(blocks.gather(x))):
             print(f"MISMATCH token blocks {ends}")
             return 1
         configs += 1

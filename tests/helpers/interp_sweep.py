@@ -11,7 +11,7 @@ import torch
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import cases, compare, near_tie_case  # noqa: E402
-from titan_fp4six.dispatch import tensor_amax  # noqa: E402
+from titan_fp4six.quant import tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
 SHAPES = [(16, 32), (3, 48)]

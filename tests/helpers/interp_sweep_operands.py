@@ -26,7 +26,7 @@ from tests.helpers.operand_cases import (column_case, compare_columnwise, compar
                                          epilogue_cases, row_groups_cases, token_block_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
-from titan_fp4six.dispatch import tensor_amax  # noqa: E402
+from titan_fp4six.quant import process_state, tensor_amax  # noqa: E402
 from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -161,7 +161,7 @@ def token_groups(gen):
     """The grouped GEMM's token-group kernel (each row's group; amax per row or per group; empty groups) against
     the reference: one expert, empty groups (a repeated end, a first group of no rows), groups ending before the
     last row, NaN and Inf in tokens and past the last group, a row stride wider than the row, every dtype."""
-    from titan_fp4six.dispatch.amax import run_token_groups
+    from titan_fp4six.quant.amax import run_token_groups
     from titan_fp4six.kernels import amax as ka
 
     ends = ([40], [0, 12, 12, 30, 47], [5, 9, 20], [3, 3, 3, 3, 3, 50, 50, 50, 50])
@@ -206,9 +206,9 @@ def row_groups(gen):
         x, amax = near_tie_case(block, err_mode, bound, count=8)
         x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
         mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
-        counts = formats.map4_count_buffer("cpu")
+        counts = process_state.map4_count_buffer("cpu")
         kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), map4=counts)
-        got, want = formats.map4_total(counts), reference.map4_counts(mask)
+        got, want = process_state.map4_total(counts), reference.map4_counts(mask)
         ok = torch.equal(got, want) and 0 < want[0] < want[1]
         yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
     kq.MIN_PROGRAMS = floor

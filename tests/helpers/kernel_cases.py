@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from titan_fp4six.dispatch import row_amax, tensor_amax
+from titan_fp4six.quant import row_amax, tensor_amax
 
 TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 

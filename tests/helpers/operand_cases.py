@@ -8,8 +8,8 @@ position only (a NaN's payload depends on the device's arithmetic), every other 
 import torch
 
 from tests.helpers.kernel_cases import _data
-from titan_fp4six.dispatch import tensor_amax
-from titan_fp4six.numerics import formats, reference
+from titan_fp4six.quant import process_state, tensor_amax
+from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
 from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 
@@ -64,7 +64,7 @@ def compare_columnwise(kq, x, amax, err_mode, scale_bound, decode, nvfp4=True):
 
 
 def compare_decode(kd, codes, scales, amax, scale_bound, dtype):
-    """decode_block_scaled and nvfp4_dequantize kernels against the reference (never through the dispatch, which may pick the kernels)."""
+    """decode_block_scaled and nvfp4_dequantize kernels against the reference (never through quant, which may pick the kernels)."""
     bad = _diffs("decode_block_scaled", {"dec": kd.decode_block_scaled(codes, scales)},
                  {"dec": reference.decode_block_scaled_reference(codes, scales)})
     got = kd.nvfp4_dequantize(codes, scales, amax, scale_bound, dtype)
@@ -161,7 +161,7 @@ def row_groups_cases(gen, device, rows=37, cols=48, experts_rows=(3, 16), dtypes
     group (amax per group, or per row when row-scaled; empty groups, NaN garbage past offs[-1], a NaN token and
     a zero-amax group) and expert weights flattened to (E*N, K) with one amax per expert's N rows (1x16 and
     16x16 tiles inside an expert)."""
-    from titan_fp4six.dispatch.amax import run_expert_amax, run_token_groups
+    from titan_fp4six.quant.amax import run_expert_amax, run_token_groups
 
     offs = torch.tensor([0, rows // 3, rows // 3, rows - 7], dtype=torch.int32, device=device)
     for dtype in dtypes:
@@ -193,13 +193,13 @@ def compare_row_groups(kq, kd, x, amax, groups, block, err_mode, scale_bound):
     c, s, m, dec = kq.quantize(x, amax, spec, decode=True, groups=groups)
     want["dec"] = reference.decode_block_scaled_reference(codes, scales)
     bad = _diffs("mask", {"codes": c, "scales": s, "map4": m, "dec": dec}, want)
-    counts = formats.map4_count_buffer(x.device)
+    counts = process_state.map4_count_buffer(x.device)
     counts[-1, :2] = start = torch.tensor([5, 7])
     c, s, m, _ = kq.quantize(x, amax, spec, groups=groups, map4=counts)
     same = {"codes": codes, "scales": scales}
     bad += _diffs("counted", {"codes": c, "scales": s}, same) + ([] if m is None else ["counted.map4 not None"])
     want_counts = start.to(x.device) + reference.map4_counts(mask, groups)
-    got_counts = formats.map4_total(counts)
+    got_counts = process_state.map4_total(counts)
     bad += [] if torch.equal(got_counts, want_counts) else [f"counts {got_counts.tolist()} != {want_counts.tolist()}"]
     c, s, m, dec = kq.quantize(x, amax, spec, decode=True, groups=groups, map4=False)
     same["dec"] = want["dec"]
@@ -222,7 +222,7 @@ def token_block_cases(gen, device, rows=50, cols=32, kinds=("normal", "ties", "w
     every data kind with one amax per group (a kind's given amax, else the groups' own, one group's replaced by
     the kind's) or per group and column (the groups' own), 4/6 in both error modes and bounds, map-to-6 only,
     NVFP4 and stochastic NVFP4; rows past offs[-1] hold NaN, which no block reads."""
-    from titan_fp4six.dispatch.amax import group_index, run_group_column_amax, run_token_groups
+    from titan_fp4six.quant.amax import group_index, run_group_column_amax, run_token_groups
     from titan_fp4six.numerics.spec import NVFP4_STOCHASTIC
 
     specs = (four_over_six_spec("1x16", "mse", 256, True), four_over_six_spec("1x16", "mae", 448, True),
@@ -250,10 +250,10 @@ def token_block_cases(gen, device, rows=50, cols=32, kinds=("normal", "ties", "w
 
 def compare_token_blocks(kq, x, tb, amax, spec, seed):
     """The quantizer reading x in place by token blocks against the reference of the gathered layout
-    (dispatch.quantize.run_quantize_token_blocks with the reference), codes, scales and decode."""
-    from titan_fp4six.dispatch.quantize import run_quantize_token_blocks
+    (quant.quantize.run_quantize_token_blocks with the reference), codes, scales and decode."""
+    from titan_fp4six.quant.quantize import run_quantize_token_blocks
 
-    codes, scales, _, dec = kq.quantize_token_blocks(x, tb.table, amax, spec, True, seed)
+    codes, scales, _, dec = kq.quantize_token_blocks(x, tb, amax, spec, True, seed)
     want = run_quantize_token_blocks(x, tb, amax, spec, "reference", True, seed)
     return _diffs("token_blocks", {"codes": codes, "scales": scales, "dec": dec},
                   {"codes": want[0], "scales": want[1], "dec": want[2]})

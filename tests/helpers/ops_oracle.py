@@ -3,7 +3,7 @@ own against the scalar spec oracle): exact dequantized operands in float64 and f
 
 import torch
 
-from titan_fp4six.dispatch import decode_block_scaled, four_over_six_quantize, nvfp4_quantize
+from titan_fp4six.quant import decode_block_scaled, four_over_six_quantize, nvfp4_quantize
 
 
 def exact(codes, scales, amax, bound) -> torch.Tensor:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tomli
 
-from ..ops.recipe import PLAIN_NVFP4
+from ..quant.recipe import PLAIN_NVFP4
 
 SECTIONS = ("linear", "grouped_mm")  # [quantize.<kind>.four_over_six]
 CONVERTERS = tuple(f"quantize.{kind}.four_over_six" for kind in SECTIONS)

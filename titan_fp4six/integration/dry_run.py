@@ -18,7 +18,7 @@ from torchtitan.protocols import train_spec as train_spec_module
 from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.tools import utils
 
-from ..ops.recipe import FourOverSixRecipe
+from ..quant.recipe import FourOverSixRecipe
 from . import job_config as _job_config  # noqa: F401  (registers the converters, the dataset and the flavors)
 from .checks import check_job_config
 

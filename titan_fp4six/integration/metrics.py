@@ -26,9 +26,9 @@ import torch
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
-from ..dispatch.backend import emulated, fp4_available
-from ..ops.recipe import FourOverSixRecipe
-from ..ops.stats import MAP4_STATS
+from ..quant.backends import backends_for
+from ..quant.recipe import FourOverSixRecipe
+from ..quant.process_state import MAP4_STATS
 from . import fidelity, rounding
 
 MAP4_METRIC = "four_over_six/map4_fraction"
@@ -47,22 +47,20 @@ def track(fqn: str, active_params: int, recipe: FourOverSixRecipe, *, grouped: b
 
 
 def fp4_flops_per_param(recipe: FourOverSixRecipe, grouped: bool) -> int:
-    """FLOPs per token per weight param that run as NVFP4 GEMMs where native FP4 kernels exist.
-
-    The forward GEMM (2), per-tensor, per-group or row-scaled, plus for a backward resolving to "quantized" the
+    """FLOPs per token per weight param of the GEMMs that run as NVFP4 GEMMs where the recipe's GEMMs run in FP4:
+    the forward GEMM (2), per-tensor, per-group or row-scaled, plus for a backward resolving to "quantized" the
     dgrad (2) and, dense only, the wgrad (2; the grouped wgrad, over each group's tokens, is always emulated:
-    docs/ops.md); other backwards are bf16. None where the GEMMs are emulated (the `gemm` knob, or
-    TITAN_FP4SIX_EMULATE=1).
-    """
-    if emulated(recipe.gemm):
-        return 0
+    docs/ops.md); other backwards are bf16."""
     if recipe.plan(grouped).backward != "quantized":
         return 2
     return 4 if grouped else 6
 
 
-def fp4_flops_per_token() -> int:
-    return sum(params * fp4_flops_per_param(recipe, grouped) for params, recipe, grouped in _tracked.values())
+def fp4_flops_per_token(device: torch.device) -> int:
+    """The FP4 FLOPs per token of the converted modules whose GEMMs run in FP4 on `device`, as their resolved
+    backends say (the gemm knob, TITAN_FP4SIX_EMULATE and the device: the decision the ops take)."""
+    return sum(params * fp4_flops_per_param(recipe, grouped) for params, recipe, grouped in _tracked.values()
+               if backends_for(recipe.quantizer, recipe.gemm, device).fp4)
 
 
 def compute_dtype(job_config, parallel_dims) -> str:
@@ -75,12 +73,12 @@ def compute_dtype(job_config, parallel_dims) -> str:
     return training.mixed_precision_param
 
 
-def native_fp4(job_config, parallel_dims) -> bool:
-    """Whether the quantized GEMMs run on FP4 tensor cores: a Blackwell GPU and bf16 compute (the kernels
-    emit bf16)."""
+def run_fp4_flops(job_config, parallel_dims) -> int:
+    """This run's FP4 FLOPs per token: fp4_flops_per_token on its GPU where it computes in bf16 (the FP4 kernels
+    emit bf16; other dtypes run the emulation), else 0."""
     if not torch.cuda.is_available() or compute_dtype(job_config, parallel_dims) != "bfloat16":
-        return False
-    return fp4_available(torch.device("cuda", torch.cuda.current_device()))
+        return 0
+    return fp4_flops_per_token(torch.device("cuda", torch.cuda.current_device()))
 
 
 @dataclass(frozen=True)
@@ -89,10 +87,9 @@ class MfuPeak:
     description: str
 
 
-def select_peak(device_name: str, bf16_peak: float, flops_per_token: float, fp4_flops: float,
-                native: bool) -> MfuPeak:
-    """The peak for MFU given where the quantized GEMMs run (FP4 tensor cores or bf16 emulation)."""
-    if not native or fp4_flops <= 0:
+def select_peak(device_name: str, bf16_peak: float, flops_per_token: float, fp4_flops: float) -> MfuPeak:
+    """The peak for MFU given the FP4 FLOPs per token (run_fp4_flops; 0: every GEMM emulated in bf16)."""
+    if fp4_flops <= 0:
         return MfuPeak(bf16_peak, f"bf16 peak {bf16_peak:.3e} FLOP/s (four-over-six GEMMs are emulated in bf16)")
     peaks = next((p for name, p in FP4_PEAKS.items() if name in device_name), None)
     if peaks is None:
@@ -113,9 +110,8 @@ def _peak_for(processor: MetricsProcessor) -> MfuPeak:
             raise RuntimeError("four_over_six MFU needs the run's config on torchtitan's MetricsProcessor: with "
                                "torchtitan 0.3, train with titan_fp4six.integration.tt03's FourOverSixTrainer "
                                "(its registry functions do)")
-        native = native_fp4(job_config, processor.parallel_dims)
         peak = select_peak(processor.device_memory_monitor.device_name, processor.gpu_peak_flops,
-                           processor.num_flops_per_token, fp4_flops_per_token(), native)
+                           processor.num_flops_per_token, run_fp4_flops(job_config, processor.parallel_dims))
         processor._four_over_six_peak = peak
         logger.info(f"four_over_six: MFU is computed against the {peak.description}")
     return peak

@@ -11,7 +11,7 @@ starts from.
 
 import torch
 
-from ..ops import set_rounding_seed
+from ..quant.process_state import set_rounding_seed
 from .version import trainer_config
 
 

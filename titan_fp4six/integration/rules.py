@@ -8,7 +8,7 @@ settings, with the same messages.
 import torch
 
 from ..numerics.formats import BLOCK_SIZE as BLOCK
-from ..dispatch.backend import environment_overrides, require_fp4
+from ..quant.backends import environment_overrides, require_fp4
 from ..ops.checks import blockable
 from .sections import FAMILY
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field, make_dataclass
 
 from ..modules.experts import GROUP_ALIGN, check_pad_multiple
-from ..ops.recipe import KNOBS, FourOverSixRecipe
+from ..quant.recipe import KNOBS, FourOverSixRecipe
 
 FAMILY = "four_over_six"
 LINEAR_SECTION = f"quantize.linear.{FAMILY}"

@@ -5,7 +5,7 @@ One program transforms 16 rows x BLOCK_K columns: each thread holds its column's
 values (converted exactly from the input's bits), multiplies them by +-0.25 (the sign times 1/sqrt(16)), runs the
 four butterfly stages h = 1, 2, 4, 8 in the spec's order (separately rounded FP32 adds), makes a zero +0 and rounds
 to the input dtype (bf16 by its bits, to nearest even; NaN as 0x7FC0). Rows at or past M read as the zero rows
-that pad x to a multiple of 16. The columnwise quantizer then reads the result in place (dispatch/quantize.py).
+that pad x to a multiple of 16. The columnwise quantizer then reads the result in place (quant/quantize.py).
 """
 
 import torch
@@ -107,14 +107,15 @@ def rht16_columns(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rht16_token_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x's token rows laid out by the token-block table `blocks` ((3, P/16) int32: each block's first row of x and
-    its tokens, numerics.groups.TokenBlocks.table), every 16-token block of every column transformed: (P, K)
+def rht16_token_blocks(x: torch.Tensor, blocks) -> torch.Tensor:
+    """x's token rows laid out by `blocks` (a numerics.groups.TokenBlocks: its (3, P/16) int32 table holds each
+    block's first row of x and its tokens), every 16-token block of every column transformed: (P, K)
     contiguous, in x's dtype; rows_16b+i for i past a block's tokens transform as zeros."""
     k = x.shape[1]
-    nblk = blocks.shape[1]
+    table = blocks.table
+    nblk = table.shape[1]
     out = torch.empty(nblk * 16, k, dtype=x.dtype, device=x.device)
     if nblk and k:
-        _rht16_columns_kernel[(nblk, cdiv(k, BLOCK_K))](_bits(x), blocks, _bits(out), x.shape[0], k, x.stride(0), nblk,
+        _rht16_columns_kernel[(nblk, cdiv(k, BLOCK_K))](_bits(x), table, _bits(out), x.shape[0], k, x.stride(0), nblk,
                                                         _KIND[x.dtype], _NEG_MASK, BLOCK_K, True, **COMPILE_OPTIONS)
     return out

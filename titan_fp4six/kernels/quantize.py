@@ -9,7 +9,7 @@ four-over-six choice from a cheap error estimate with a proven bound (the commen
 chunk of blocks the bound cannot settle, or outside the bound's range (NaN, FP32's edges), is redone after the
 chunk loop with the spec's arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted
 FMA); every division is tl.math.div_rn except two the fast paths replace by exact FMA sequences (bits.div6,
-encode.newton_inverse_scale). Launchers take validated arguments; titan_fp4six.dispatch decides when they run.
+encode.newton_inverse_scale). Launchers take validated arguments; titan_fp4six.quant.primitives decides when they run.
 docs/kernels.md has the design, the validation and the H200 speed.
 """
 import functools
@@ -127,12 +127,15 @@ def _stochastic_settled(amax, s_dec):
 
 
 @triton.jit
-def _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols):
-    """Each block's global amax in the token-block layout: its group's (amax (E,), amax_cols 0) or its group's
-    for its row (amax (E, R), amax_cols 1); 0 for blocks of no group (group n_groups) and outside the matrix."""
+def _token_block_scales(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols, six_b):
+    """Spec step 1 per block in the token-block layout: (amax, S_enc, S_dec, -S_dec) of each block's global amax,
+    its group's (amax (E,), amax_cols 0) or its group's for its row (amax (E, R), amax_cols 1); amax 0 for blocks
+    of no group (group n_groups) and outside the matrix."""
     group = tl.load(blocks_ptr + 2 * NBLK + blks, mask=blks < NBLK, other=n_groups)
     index = group.to(tl.int64) * (1 + (R - 1) * amax_cols) + rows * amax_cols
-    return tl.load(amax_ptr + index, mask=(rows < R) & (group < n_groups), other=0.0)
+    amax = tl.load(amax_ptr + index, mask=(rows < R) & (group < n_groups), other=0.0)
+    s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
+    return amax, s_enc, s_dec, neg_s_dec
 
 
 @triton.jit
@@ -180,7 +183,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
     TOKEN_BLOCKS (with TRANSPOSED) reads the grouped wgrad's token-block layout of x in place: block b of every
     output row is 16 rows of x from blocks_ptr[b] (its first row), of which blocks_ptr[NBLK + b] are tokens (the
     rest read as zeros), with the amax of its group blocks_ptr[2 NBLK + b] (per group, or per group and output
-    row with amax_cols; _token_block_amax), so step 1 runs per block inside the chunk loop. A stochastic spec's
+    row with amax_cols; _token_block_scales), so step 1 runs per block inside the chunk loop. A stochastic spec's
     random bits then follow the element's index in the (NBLK, R * 16) matrix of blocks by block index
     (docs/numerics.md section 12), the layout the reference quantizes.
 
@@ -265,8 +268,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
         else:
             word = rows64 * row_words + blks * WORDS
         if TOKEN_BLOCKS:  # step 1 per block
-            amax = _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols)
-            s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
+            amax, s_enc, s_dec, neg_s_dec = _token_block_scales(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups,
+                                                                amax_cols, six_b)
             row_fast = amax_in_fast_range(amax)
             if not FOUR_SIX:
                 mult = _nvfp4_multiplier(s_enc)
@@ -376,8 +379,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                     ws = load_words(x_ptr, rows64 * row_words + blks * WORDS, ok, WORDS, VEC)
                     xs = block_magnitudes(ws, KIND)
                 if TOKEN_BLOCKS:
-                    s_enc, s_dec, neg_s_dec = _global_scales(
-                        _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols), six_b)
+                    _, s_enc, s_dec, neg_s_dec = _token_block_scales(amax_ptr, blocks_ptr, rows, blks, R, NBLK,
+                                                                     n_groups, amax_cols, six_b)
                     mult = _nvfp4_multiplier(s_enc)
                 scaled = _nvfp4_scale_input(_block_amax(xs), mult)
                 sf = e4m3_bits(scaled)
@@ -398,8 +401,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                     else:
                         where = rows64 * row_words + blks * WORDS
                     if TOKEN_BLOCKS:
-                        amax = _token_block_amax(amax_ptr, blocks_ptr, rows, blks, R, NBLK, n_groups, amax_cols)
-                        s_enc, s_dec, neg_s_dec = _global_scales(amax, six_b)
+                        amax, s_enc, s_dec, neg_s_dec = _token_block_scales(amax_ptr, blocks_ptr, rows, blks, R,
+                                                                            NBLK, n_groups, amax_cols, six_b)
                     pick, sf, lo, hi, dec = four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
                                                             TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                     store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
@@ -585,16 +588,16 @@ def eligible_columnwise(x: torch.Tensor) -> bool:
 def quantize_columnwise(x, amax, spec, decode: bool = False, map4=True, seed=None):
     """x^T of a row-major x (M, K) quantized by a 1x16 `spec` with a per-tensor amax, read in place: x^T padded
     with zero columns to ceil16(M), i.e. the quantization of the zero-padded x^T made contiguous, without
-    materializing it. Arguments checked by the caller (the dispatch layer): amax FP32 of shape () on x's device,
+    materializing it. Arguments checked by the caller (the quant layer): amax FP32 of shape () on x's device,
     x eligible_columnwise. Returns (codes uint8 (K, ceil16(M) / 2), scales float8_e4m3fn (K, ceil16(M) / 16),
     map4 mask or None, bf16 decode (K, ceil16(M)) or None)."""
     return _launch(x, amax, spec, decode, transposed=True, map4=map4, seed=seed)
 
 
 def quantize_token_blocks(x, blocks, amax, spec, decode: bool = False, seed=None):
-    """The grouped wgrad's columnwise operand of x (M, K) read in place by token blocks (1x16 `spec`): blocks the
-    (3, P/16) int32 table (first row of x, tokens, group of each 16-token block; numerics.groups.TokenBlocks),
+    """The grouped wgrad's columnwise operand of x (M, K) read in place by token blocks (1x16 `spec`): blocks a
+    numerics.groups.TokenBlocks (its (3, P/16) int32 table: first row of x, tokens, group of each 16-token block),
     amax per group (E,) or per group and column (E, K) (FP32; blocks of no group take 0). Returns (codes uint8
     (K, P/2), scales float8_e4m3fn (K, P/16), None, bf16 decode (K, P) or None), bitwise the reference's
-    (dispatch.quantize.run_quantize_token_blocks)."""
-    return _launch(x, amax, spec, decode, transposed=True, map4=False, seed=seed, token_blocks=blocks)
+    (quant.quantize.run_quantize_token_blocks)."""
+    return _launch(x, amax, spec, decode, transposed=True, map4=False, seed=seed, token_blocks=blocks.table)

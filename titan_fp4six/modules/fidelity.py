@@ -12,7 +12,7 @@ each format's output, gradients and operand quantizations are from the unquantiz
 - `mse_<role>`: relative quantization MSE sum (deq(q(t)) - t)^2 / sum t^2 of each operand the GEMMs quantize,
   with the op's amax, block, bound and candidate choice: x and w of the forward, and those of the quantized
   backward (whichever backward the recipe runs): dy, dyT (standard NVFP4), xT and wT, as the op quantizes them
-  (ops.grad_operands, the op's own builder: per token group amaxes of grouped dy, column amaxes of row-scaled
+  (quant.grad_operands, the op's own builder: per token group amaxes of grouped dy, column amaxes of row-scaled
   x^T, the wgrad operands Hadamard-transformed with wgrad_rht and measured against the transformed tensor, dy rounded
   stochastically with gradient_rounding; 16x16 tiles transpose, so wT equals w there).
 - `map4_fraction`: share of x's and w's forward 1x16 blocks that store map-to-4.
@@ -32,18 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..dispatch import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
-from ..dispatch.amax import run_expert_amax, run_token_groups
-from ..dispatch.backend import backends_for
-from ..dispatch.quantize import padded_transpose, run_rht16_columns
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.reference import amax_per_row, global_decode_factor
 from ..numerics.spec import OperandSpec
-from ..ops import GRADIENT_ROUNDING, MAP4_STATS, FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
-from ..ops.grad_operands import dense_grad_operands, grouped_grad_operands
-from ..ops.operands import Operand, quantize_operand
-from ..ops.recipe import GemmPlan, plain_nvfp4
+from ..ops import FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear
+from ..quant import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
+from ..quant.amax import run_expert_amax, run_token_groups
+from ..quant.grad_operands import dense_grad_operands, grouped_grad_operands
+from ..quant.operands import Operand, gemm_quantizers
+from ..quant.process_state import GRADIENT_ROUNDING, MAP4_STATS
+from ..quant.quantize import padded_transpose, run_rht16_columns
+from ..quant.recipe import GemmPlan, plain_nvfp4
 from .autocast import autocast_operands, no_autocast
 from .dtensor import local_weight
 from .experts import _FourOverSixExperts, ep_dispatched, pad_token_groups
@@ -83,7 +83,7 @@ def relative_mse(x: torch.Tensor, xq: torch.Tensor) -> float:
 
 
 def variant_recipes(recipe: FourOverSixRecipe) -> dict[str, FourOverSixRecipe]:
-    """{variant: recipe}: plain NVFP4 (ops.recipe.plain_nvfp4) and the recipe itself."""
+    """{variant: recipe}: plain NVFP4 (quant.recipe.plain_nvfp4) and the recipe itself."""
     return {"nvfp4": plain_nvfp4(recipe), "four_over_six": recipe}
 
 
@@ -192,31 +192,40 @@ def quantized_backward_operands(dy: torch.Tensor, x: torch.Tensor, w: torch.Tens
     """{role: (operand, its dequantization)} for roles dy, dyT, xT, wT of the GEMM x (M, K) times w^T with output
     gradient dy (M, N), under `recipe` with backward='quantized': dense (w (N, K), offs None) or grouped (w (E, N,
     K) experts, offs the int32 inclusive token-group ends). The operands are the op's own
-    (ops.grad_operands, seeds from GRADIENT_ROUNDING in the op's order), each next to the tensor its quantizer
+    (quant.grad_operands, seeds from GRADIENT_ROUNDING in the op's order), each next to the tensor its quantizer
     reads: dy (grouped: rows past offs[-1] zero, N zero-padded to a multiple of 16 for 1x16 weights); dyT and xT
     transposed and blocked along the tokens (dense: zero-padded to ceil16(M); grouped: each group padded to
     16-token blocks), Hadamard-transformed with wgrad_rht; wT = W^T (16x16: the forward's tiles transposed)."""
     grouped = offs is not None
     p = replace(recipe, backward="quantized").plan(grouped=grouped)  # wgrad_rht, gradient_rounding kept
-    b = backends_for(p.quantizer, p.gemm, dy.device)
-    q = b.quantizer
-    if not grouped:
-        w_amax = tensor_amax(w)
-        tiles = quantize_operand(w, w_amax, p.w, b) if p.w_t.block == "16x16" else None  # the forward's tiles
-        x_amax = tensor_amax(x)  # the forward's; a row-scaled x^T takes its column amaxes in the builder
-        g = dense_grad_operands(dy, x, w, tiles, x_amax, w_amax, p, b, True, True)
-        return {"dy": (dy, _dequantized(g.dy, _row_factors(g.dy_amax, dy.shape[0], p.dy.scale_bound), q)),
-                "dyT": _columnwise_pair(dy, g.dy_t, g.dy_t_amax, p.dy_t, q),
-                "xT": _columnwise_pair(x, g.x_t, g.x_t_amax, p.x_t, q),
-                "wT": (_columnwise_pair(w, g.w_t, w_amax, p.w_t, q) if p.w_t.block == "1x16" else
-                       (w.t(), _dequantized(g.w_t, _row_factors(w_amax, w.shape[1], p.w_t.scale_bound), q)))}
+    gq = gemm_quantizers(p.key, grouped, dy.device)
+    with MAP4_STATS.paused():  # the forward's tiles, quantized again here, are no training forward
+        if not grouped:
+            return _dense_backward_operands(dy, x, w, p, gq)
+        return _grouped_backward_operands(dy, x, w, offs, p, gq)
+
+
+def _dense_backward_operands(dy, x, w, p: GemmPlan, gq) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    q = gq.backends.quantizer
+    w_amax = tensor_amax(w)
+    tiles = gq.w.rows(w, w_amax) if p.w_t.block == "16x16" else None  # the forward's tiles
+    x_amax = tensor_amax(x)  # the forward's; a row-scaled x^T takes its column amaxes in the builder
+    g = dense_grad_operands(dy, x, w, tiles, x_amax, w_amax, gq, True, True)
+    return {"dy": (dy, _dequantized(g.dy, _row_factors(g.dy_amax, dy.shape[0], p.dy.scale_bound), q)),
+            "dyT": _columnwise_pair(dy, g.dy_t, g.dy_t_amax, p.dy_t, q),
+            "xT": _columnwise_pair(x, g.x_t, g.x_t_amax, p.x_t, q),
+            "wT": (_columnwise_pair(w, g.w_t, w_amax, p.w_t, q) if p.w_t.block == "1x16" else
+                   (w.t(), _dequantized(g.w_t, _row_factors(w_amax, w.shape[1], p.w_t.scale_bound), q)))}
+
+
+def _grouped_backward_operands(dy, x, w, offs, p: GemmPlan, gq) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    q = gq.backends.quantizer
     experts, n, k = w.shape
     w_rows = w.reshape(experts * n, k)
     w_amax = run_expert_amax(w_rows, experts, q)
-    tiles = quantize_operand(w_rows, w_amax, p.w, b) if p.w_t.block == "16x16" else None
+    tiles = gq.w.rows(w_rows, w_amax) if p.w_t.block == "16x16" else None
     a_amax, group_of_row, _ = run_token_groups(x, offs, p.row_scaled, q)
-    g = grouped_grad_operands(dy, x, w.transpose(-2, -1), offs, group_of_row, a_amax, tiles, w_amax, p, b, True,
-                              True)
+    g = grouped_grad_operands(dy, x, w.transpose(-2, -1), offs, group_of_row, a_amax, tiles, w_amax, gq, True, True)
     pad_n = -n % BLOCK_SIZE  # 1x16 weights: N zero-padded as the op pads it (16x16 tiles need N % 16 == 0)
     dy_rows = torch.nn.functional.pad(dy, (0, pad_n))
     groups = RowGroups(group_of_row, experts, amax_by_group=True)

@@ -16,7 +16,7 @@ from torchao.quantization.transform_module import register_quantize_module_handl
 
 from ..numerics.formats import BLOCK_SIZE
 from ..ops.checks import blockable
-from ..ops.recipe import KNOBS, FourOverSixRecipe
+from ..quant.recipe import KNOBS, FourOverSixRecipe
 from .linear import FourOverSixLinear
 
 

@@ -110,16 +110,5 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 
 MAP4_COUNT_ROWS = 64
 MAP4_COUNT_WIDTH = 16
+"""The layout of the running map-to-4 count the quantizers add to (quant.process_state.map4_count_buffer)."""
 
-
-def map4_count_buffer(device) -> torch.Tensor:
-    """A running map-to-4 count, zeros: int64 (MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH), each row (map-to-4 blocks,
-    blocks) padded to one 128-byte line. A quantizer adds its counts to any row's first two columns (the
-    kernel's programs spread their atomic adds over the rows, so they do not queue on one address; the
-    reference adds to row 0); map4_total sums the rows."""
-    return torch.zeros(MAP4_COUNT_ROWS, MAP4_COUNT_WIDTH, dtype=torch.int64, device=device)
-
-
-def map4_total(buffer: torch.Tensor) -> torch.Tensor:
-    """(map-to-4 blocks, blocks) int64 (2,) counted into a map4_count_buffer."""
-    return buffer[:, :2].sum(dim=0)

@@ -11,13 +11,13 @@ one extra bf16 rounding compared with the emulation, which applies the whole fac
 Per-tensor (per-group) and row-scaled activations both run here (row-scaled: the constant 1/(6B) in the
 kernel's global-scale slot, the raw per-row amaxes applied to the bf16 output, one extra bf16 rounding). Where
 they run (the recipe knob `gemm`, TITAN_FP4SIX_EMULATE, compute capability 10.x) is decided once per device by
-dispatch.backend.resolve_backends.
+quant.backends.resolve_backends.
 """
 
 import torch
 import torch.nn.functional as F
 
-from .operands import Operand
+from ..quant.operands import Operand
 
 SCALE_TILE_ROWS, SCALE_TILE_COLS = 128, 4
 

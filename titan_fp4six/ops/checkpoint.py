@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..numerics.reference import global_decode_factor
-from .recipe import FourOverSixRecipe
+from ..quant.recipe import FourOverSixRecipe
 
 QUANT_METHOD = "four_over_six"
 """quantization_config.quant_method of an exported checkpoint: the vLLM plugin's registered name."""

@@ -4,7 +4,7 @@ import torch
 
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.validation import check_float_tensor
-from .recipe import FourOverSixRecipe
+from ..quant.recipe import FourOverSixRecipe
 
 
 def check_recipe(recipe) -> None:

@@ -2,9 +2,10 @@
 
 The quantize+GEMM forward and each backward are torch.library custom ops while torch.compile traces: opaque
 to it (Inductor cannot re-associate the quantizer arithmetic, so compiled results equal eager ones bit for
-bit), with fake implementations for tracing; eager calls run the same bodies directly (dispatch.library). Both
-are wrapped in an autograd.Function. The ops take the recipe's dense GemmPlan as its key string and trust it:
-the public functions below check their arguments once.
+bit), with fake implementations for tracing; eager calls run the same bodies directly (quant.library). Both
+are wrapped in an autograd.Function. The ops take the recipe's dense GemmPlan as its key string, and their
+bodies its role quantizers (quant.operands.gemm_quantizers); the public functions below check their arguments
+once.
 """
 
 from typing import NamedTuple
@@ -12,15 +13,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
-from ..dispatch.backend import Backends, backends_for
-from ..dispatch.library import compile_opaque_op
-from ..dispatch.quantize import run_dequantize
+from ..quant.amax import run_dense_amaxes, run_row_amax, run_tensor_amax
+from ..quant.grad_operands import dense_grad_operands
+from ..quant.library import compile_opaque_op
+from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
+from ..quant.quantize import run_dequantize
+from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
 from .checks import check_dense, check_linear_weight, check_loaded_weight
 from .gemm import gemm_nt
-from .grad_operands import dense_grad_operands
-from .operands import Operand, quantize_operand
-from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .weights import QuantizedWeight, quantize_rows
 
 _F8 = torch.float8_e4m3fn
@@ -31,10 +31,10 @@ def split_amaxes(amaxes: Tensor, row_scaled: bool) -> tuple[Tensor, Tensor]:
     return (amaxes[:-1], amaxes[-1]) if row_scaled else (amaxes[0], amaxes[1])
 
 
-def _forward(x: Tensor, x_amax: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
+def _forward(x: Tensor, x_amax: Tensor, wq: Operand, w_amax: Tensor, q: GemmQuantizers):
     """(output, x's operand): x quantized, times the weight's operand."""
-    xq = quantize_operand(x, x_amax, p.x, b, counted=True)
-    return gemm_nt(xq, x_amax, p.x.scale_bound, wq, w_amax, p.w.scale_bound, x.dtype, b), xq
+    xq = q.x.rows(x, x_amax)
+    return gemm_nt(xq, x_amax, q.x.bound, wq, w_amax, q.w.bound, x.dtype, q.backends), xq
 
 
 @compile_opaque_op("dense_fwd")
@@ -42,19 +42,18 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
     """x (M, K) x weight (N, K)^T, both four-over-six quantized. Returns the output (M, N) in x's dtype, then
     what the backward modes save: the forward's x codes, scales, weight codes, scales, and both amaxes in one
     FP32 vector (x's one or M, then the weight's: split_amaxes), computed together."""
-    p = plan_from_key(recipe, False)
-    b = backends_for(p.quantizer, p.gemm, x.device)
-    amaxes = run_dense_amaxes(x, weight, p.row_scaled, b.quantizer)
-    x_amax, w_amax = split_amaxes(amaxes, p.row_scaled)
-    wq = quantize_operand(weight, w_amax, p.w, b, counted=True)
-    out, xq = _forward(x, x_amax, wq, w_amax, p, b)
+    q = gemm_quantizers(recipe, False, x.device)
+    amaxes = run_dense_amaxes(x, weight, q.row_scaled, q.backends.quantizer)
+    x_amax, w_amax = split_amaxes(amaxes, q.row_scaled)
+    wq = q.w.rows(weight, w_amax)
+    out, xq = _forward(x, x_amax, wq, w_amax, q)
     return out, xq.codes, xq.scales, wq.codes, wq.scales, amaxes
 
 
 @dense_fwd.register_fake
 def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
-    row_scaled = plan_from_key(recipe, False).row_scaled
+    row_scaled = registered_plan(recipe, False).row_scaled
     return (x.new_empty(m, n), *_fake_codes(x, m, k), *_fake_codes(x, n, k),
             x.new_empty((m if row_scaled else 1) + 1, dtype=torch.float32))
 
@@ -64,17 +63,17 @@ def dense_fwd_quantized_weight(x: Tensor, w_codes: Tensor, w_scales: Tensor, w_d
                                w_amax: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """dense_fwd with the weight already quantized (ops.weights.QuantizedWeight): (output, x codes, x scales,
     x's amax: () or (M,) when row-scaled)."""
-    p = plan_from_key(recipe, False)
-    b = backends_for(p.quantizer, p.gemm, x.device)
-    x_amax = run_row_amax(x, b.quantizer) if p.row_scaled else run_tensor_amax(x, b.quantizer)
-    out, xq = _forward(x, x_amax, Operand(w_codes, w_scales, w_decoded), w_amax, p, b)
+    q = gemm_quantizers(recipe, False, x.device)
+    quantizer = q.backends.quantizer
+    x_amax = run_row_amax(x, quantizer) if q.row_scaled else run_tensor_amax(x, quantizer)
+    out, xq = _forward(x, x_amax, Operand(w_codes, w_scales, w_decoded), w_amax, q)
     return out, xq.codes, xq.scales, x_amax
 
 
 @dense_fwd_quantized_weight.register_fake
 def _(x, w_codes, w_scales, w_decoded, w_amax, recipe):
     m, k = x.shape
-    row_scaled = plan_from_key(recipe, False).row_scaled
+    row_scaled = registered_plan(recipe, False).row_scaled
     return (x.new_empty(m, w_codes.shape[0]), *_fake_codes(x, m, k),
             x.new_empty(m if row_scaled else (), dtype=torch.float32))
 
@@ -83,23 +82,22 @@ def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
     return t.new_empty(rows, k // 2, dtype=torch.uint8), t.new_empty(rows, k // 16, dtype=_F8)
 
 
-def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p: GemmPlan, x_dtype, w_dtype,
-                     need_dx, need_dw):
+def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, q: GemmQuantizers, x_dtype,
+                     w_dtype, need_dx, need_dw):
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x), the operands of
     grad_operands.dense_grad_operands; a row-scaled x^T's product computed as (Q_col(x) x Q_col(dy)^T)^T so
     that its per-row factor sits on the GEMM's row-scaled side."""
-    b = backends_for(p.quantizer, p.gemm, dy.device)
-    g = dense_grad_operands(dy, x, weight, Operand(w_codes, w_scales, w_decoded), x_amax, w_amax, p, b, need_dx,
+    g = dense_grad_operands(dy, x, weight, Operand(w_codes, w_scales, w_decoded), x_amax, w_amax, q, need_dx,
                             need_dw)
+    b = q.backends
     dx = dw = dy.new_empty(0)
     if need_dx:
-        dx = gemm_nt(g.dy, g.dy_amax, p.dy.scale_bound, g.w_t, w_amax, p.w_t.scale_bound, x_dtype, b)
+        dx = gemm_nt(g.dy, g.dy_amax, q.dy.bound, g.w_t, w_amax, q.w_t.bound, x_dtype, b)
     if need_dw:
-        if p.x_t.scaling == "row":
-            dw = gemm_nt(g.x_t, g.x_t_amax, p.x_t.scale_bound, g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, w_dtype,
-                         b).t().contiguous()
+        if q.row_scaled:
+            dw = gemm_nt(g.x_t, g.x_t_amax, q.x_t.bound, g.dy_t, g.dy_t_amax, q.dy_t.bound, w_dtype, b).t().contiguous()
         else:
-            dw = gemm_nt(g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, g.x_t, g.x_t_amax, p.x_t.scale_bound, w_dtype, b)
+            dw = gemm_nt(g.dy_t, g.dy_t_amax, q.dy_t.bound, g.x_t, g.x_t_amax, q.x_t.bound, w_dtype, b)
     return dx, dw
 
 
@@ -110,16 +108,17 @@ def dense_bwd(dy: Tensor, x: Tensor | None, weight: Tensor | None, x_codes: Tens
               need_dw: bool) -> tuple[Tensor, Tensor]:
     """(dx (M, K) in x's dtype, dweight (N, K) in the weight's dtype); an empty tensor for a grad not needed.
     w_decoded: the forward weight's decode where it outlives the forward (a QuantizedWeight), else None."""
-    p = plan_from_key(recipe, False)
-    if p.backward == "quantized":
-        return _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, p, x_dtype, w_dtype,
+    q = gemm_quantizers(recipe, False, dy.device)
+    backward = q.plan.backward
+    if backward == "quantized":
+        return _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, q, x_dtype, w_dtype,
                                 need_dx, need_dw)
     # high_precision / dequantized: GEMMs in the activations' dtype (bf16 in training) on the original or the
     # dequantized forward operands
-    if p.backward == "dequantized":
-        quantizer = backends_for(p.quantizer, p.gemm, dy.device).quantizer
-        x = run_dequantize(x_codes, x_scales, x_amax, p.x.scale_bound, x_dtype, quantizer)
-        weight = run_dequantize(w_codes, w_scales, w_amax, p.w.scale_bound, x_dtype, quantizer)
+    if backward == "dequantized":
+        quantizer = q.backends.quantizer
+        x = run_dequantize(x_codes, x_scales, x_amax, q.x.bound, x_dtype, quantizer)
+        weight = run_dequantize(w_codes, w_scales, w_amax, q.w.bound, x_dtype, quantizer)
     dy = dy.to(x_dtype)
     dx = torch.mm(dy, weight.to(x_dtype)) if need_dx else dy.new_empty(0)
     dw = torch.mm(dy.t(), x).to(w_dtype) if need_dw else dy.new_empty(0)

@@ -14,11 +14,12 @@ import logging
 
 import torch
 
-from ..dispatch.backend import Backends
-from ..dispatch.epilogue import run_grouped_scale_cast, run_grouped_wgrad_scale_cast, run_scale_cast
 from ..numerics.reference import global_decode_factor
+from ..quant.backends import Backends
+from ..quant.epilogue import GROUPED_SCALE_CAST, GROUPED_WGRAD_SCALE_CAST, SCALE_CAST
+from ..quant.operands import Operand
+from ..quant.primitives import pick
 from . import blackwell
-from .operands import Operand
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def gemm_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: 
             return blackwell.scaled_mm_nt(a, global_decode_factor(a_amax, a_bound), b, b_factor, out_dtype)
         return blackwell.scaled_mm_nt_row_scaled(a, *row_split(a_amax, a_bound), b, b_factor, out_dtype)
     acc = mm_f32(a.block_scaled(backends.quantizer), b.block_scaled(backends.quantizer).t())
-    return run_scale_cast(acc, a_amax, a_bound, b_amax, b_bound, out_dtype, backends.quantizer)
+    return pick(SCALE_CAST, backends.quantizer, acc)(acc, a_amax, a_bound, b_amax, b_bound, out_dtype)
 
 
 def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Operand, w_amax: torch.Tensor,
@@ -87,8 +88,8 @@ def grouped_gemm_nt(a: Operand, a_amax: torch.Tensor, a_per_group: bool, w: Oper
     w_dec = w_dec.view(experts, -1, w_dec.shape[-1])
     # bf16 output: the extra rounding
     prod = torch._grouped_mm(a.block_scaled(backends.quantizer), w_dec.transpose(-2, -1), offs=offs)
-    return run_grouped_scale_cast(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, out_dtype,
-                                  backends.quantizer, w_bound)  # _grouped_mm leaves tail rows uninitialized: 0
+    epilogue = pick(GROUPED_SCALE_CAST, backends.quantizer, prod)  # _grouped_mm leaves tail rows uninitialized: 0
+    return epilogue(prod, a_amax, a_per_group, w_amax, group_of_row, scale_bound, out_dtype, w_bound)
 
 
 def grouped_wgrad_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand, b_amax: torch.Tensor, b_bound: int,
@@ -105,5 +106,5 @@ def grouped_wgrad_nt(a: Operand, a_amax: torch.Tensor, a_bound: int, b: Operand,
     then the factors."""
     prod = torch._grouped_mm(a.block_scaled(backends.quantizer), b.block_scaled(backends.quantizer).t(),
                              offs=token_offs)
-    return run_grouped_wgrad_scale_cast(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, out_dtype,
-                                        backends.quantizer)
+    epilogue = pick(GROUPED_WGRAD_SCALE_CAST, backends.quantizer, prod)
+    return epilogue(prod, a_amax, a_bound, b_amax, b_bound, empty_groups, out_dtype)

@@ -11,17 +11,17 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_token_groups
-from ..dispatch.backend import Backends, backends_for
-from ..dispatch.library import compile_opaque_op
-from ..dispatch.quantize import run_dequantize
 from ..numerics.groups import RowGroups
 from ..numerics.reference import amax_per_row, global_decode_factor
+from ..quant.amax import run_token_groups
+from ..quant.grad_operands import grouped_grad_operands
+from ..quant.library import compile_opaque_op
+from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
+from ..quant.process_state import MAP4_STATS
+from ..quant.quantize import run_dequantize
+from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
 from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
-from .grad_operands import grouped_grad_operands
-from .operands import Operand, quantize_operand
-from .recipe import FourOverSixRecipe, GemmPlan, plan_from_key
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
 
 _F8 = torch.float8_e4m3fn
@@ -33,26 +33,26 @@ def _expert_rows(B_t: Tensor) -> Tensor:
     return B_t.transpose(-2, -1).reshape(experts * n, k)
 
 
-def _token_rows(group_of_row: Tensor, offs: Tensor, p: GemmPlan) -> RowGroups:
+def _token_rows(group_of_row: Tensor, offs: Tensor, row_scaled: bool) -> RowGroups:
     """A's rows by token group: the amax per group, or per row when row-scaled."""
-    return RowGroups(group_of_row, offs.numel(), amax_by_group=not p.row_scaled)
+    return RowGroups(group_of_row, offs.numel(), amax_by_group=not row_scaled)
 
 
-def _quantize_tokens(A: Tensor, offs: Tensor, p: GemmPlan, b: Backends,
-                     counted: bool) -> tuple[Operand, Tensor, Tensor, Tensor]:
-    """(A's operand, A's amax, group of each row, empty groups): A's rows quantized by the plan's x spec."""
+def _quantize_tokens(A: Tensor, offs: Tensor, q: GemmQuantizers) -> tuple[Operand, Tensor, Tensor, Tensor]:
+    """(A's operand, A's amax, group of each row, empty groups): A's rows quantized by the plan's x role."""
     check_offs_values(offs, A.shape[0])
     # the saved amax: per row (row-scaled) or per token group; rows past offs[-1] get 0 and never reach a
     # token's amax
-    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, p.row_scaled, b.quantizer)
-    aq = quantize_operand(A, a_amax, p.x, b, _token_rows(group_of_row, offs, p), counted=counted)
+    a_amax, group_of_row, empty_groups = run_token_groups(A, offs, q.row_scaled, q.backends.quantizer)
+    aq = q.x.rows(A, a_amax, _token_rows(group_of_row, offs, q.row_scaled))
     return aq, a_amax, group_of_row, empty_groups
 
 
-def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, p: GemmPlan, b: Backends):
+def _forward(A: Tensor, offs: Tensor, wq: Operand, w_amax: Tensor, q: GemmQuantizers):
     """(output, A's operand, A's amax, group of each row, empty groups): A quantized, times the experts' operand."""
-    aq, a_amax, group_of_row, empty_groups = _quantize_tokens(A, offs, p, b, counted=True)
-    out = grouped_gemm_nt(aq, a_amax, not p.row_scaled, wq, w_amax, offs, group_of_row, p.w.scale_bound, A.dtype, b)
+    aq, a_amax, group_of_row, empty_groups = _quantize_tokens(A, offs, q)
+    out = grouped_gemm_nt(aq, a_amax, not q.row_scaled, wq, w_amax, offs, group_of_row, q.w.bound, A.dtype,
+                          q.backends)
     return out, aq, a_amax, group_of_row, empty_groups
 
 
@@ -61,10 +61,9 @@ def grouped_fwd(A: Tensor, B_t: Tensor, offs: Tensor,
                 recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Output (M, N) in A's dtype, then A codes, scales, amax ((E,) or (M,)), W codes, scales, amax (E,), the
     group of each row (M,) (group_index) and which groups are empty (E,) (the backward reuses both)."""
-    p = plan_from_key(recipe, True)
-    b = backends_for(p.quantizer, p.gemm, A.device)
-    wq, w_amax = quantize_weight_rows(_expert_rows(B_t), B_t.shape[0], p, b)
-    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, p, b)
+    q = gemm_quantizers(recipe, True, A.device)
+    wq, w_amax = quantize_weight_rows(_expert_rows(B_t), B_t.shape[0], q)
+    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, wq, w_amax, q)
     return out, aq.codes, aq.scales, a_amax, wq.codes, wq.scales, w_amax, group_of_row, empty_groups
 
 
@@ -82,9 +81,8 @@ def grouped_fwd_quantized_weight(A: Tensor, offs: Tensor, w_codes: Tensor, w_sca
                                  recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """grouped_fwd with the experts' weights already quantized (ops.weights.QuantizedWeight): output, then A
     codes, scales, amax, the group of each row and which groups are empty."""
-    p = plan_from_key(recipe, True)
-    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, Operand(w_codes, w_scales, w_decoded), w_amax,
-                                                           p, backends_for(p.quantizer, p.gemm, A.device))
+    q = gemm_quantizers(recipe, True, A.device)
+    out, aq, a_amax, group_of_row, empty_groups = _forward(A, offs, Operand(w_codes, w_scales, w_decoded), w_amax, q)
     return out, aq.codes, aq.scales, a_amax, group_of_row, empty_groups
 
 
@@ -97,28 +95,27 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
     """Fake A codes, scales, amax, group of each row and empty groups."""
     m, k = A.shape
     e = offs.shape[0]
-    row_scaled = plan_from_key(recipe, True).row_scaled
+    row_scaled = registered_plan(recipe, True).row_scaled
     return (A.new_empty(m, k // 2, dtype=torch.uint8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=torch.float32), A.new_empty(m, dtype=torch.int64),
             A.new_empty(e, dtype=torch.bool))
 
 
 def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded, w_amax,
-                     p: GemmPlan, a_dtype, w_dtype, need_da, need_dw):
+                     q: GemmQuantizers, a_dtype, w_dtype, need_da, need_dw):
     """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e), wgrad dW_e =
     Q_col(dy_e)^T x Q_col(A_e) over the group's 16-token blocks (the padded group ends), the operands of
-    grad_operands.grouped_grad_operands. Rows past offs[-1] are read by no amax and no GEMM: zero dA rows; empty
+    quant.grad_operands.grouped_grad_operands. Rows past offs[-1] are read by no amax and no GEMM: zero dA rows; empty
     groups: zero dW."""
-    b = backends_for(p.quantizer, p.gemm, dy.device)
     g = grouped_grad_operands(dy, A, B_t, offs, group_of_row, a_amax, Operand(w_codes, w_scales, w_decoded), w_amax,
-                              p, b, need_da, need_dw)
+                              q, need_da, need_dw)
     dA = dW = dy.new_empty(0)
     if need_da:
-        dA = grouped_gemm_nt(g.dy, g.dy_amax, True, g.w_t, w_amax, offs, group_of_row, p.dy.scale_bound, a_dtype, b,
-                             w_bound=p.w_t.scale_bound)
+        dA = grouped_gemm_nt(g.dy, g.dy_amax, True, g.w_t, w_amax, offs, group_of_row, q.dy.bound, a_dtype,
+                             q.backends, w_bound=q.w_t.bound)
     if need_dw:
-        dW = grouped_wgrad_nt(g.dy_t, g.dy_t_amax, p.dy_t.scale_bound, g.x_t, g.x_t_amax, p.x_t.scale_bound,
-                              g.tokens.ends, empty_groups, w_dtype, b)
+        dW = grouped_wgrad_nt(g.dy_t, g.dy_t_amax, q.dy_t.bound, g.x_t, g.x_t_amax, q.x_t.bound, g.tokens.ends,
+                              empty_groups, w_dtype, q.backends)
     return dA, dW
 
 
@@ -132,16 +129,17 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     quantized backward (_quantized_grads), or bf16 grouped GEMMs (the activations' dtype) on the original or the
     dequantized forward operands. group_of_row and empty_groups are the forward's; w_decoded: the forward
     weights' decode where it outlives the forward (a QuantizedWeight), else None."""
-    p = plan_from_key(recipe, True)
-    if p.backward == "quantized":
+    q = gemm_quantizers(recipe, True, dy.device)
+    backward = q.plan.backward
+    if backward == "quantized":
         return _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_codes, w_scales, w_decoded,
-                                w_amax, p, a_dtype, w_dtype, need_da, need_dw)
+                                w_amax, q, a_dtype, w_dtype, need_da, need_dw)
     experts = offs.numel()
-    if p.backward == "dequantized":
-        quantizer = backends_for(p.quantizer, p.gemm, dy.device).quantizer
-        A = run_dequantize(a_codes, a_scales, a_amax, p.x.scale_bound, a_dtype, quantizer,
-                           _token_rows(group_of_row, offs, p))
-        w = run_dequantize(w_codes, w_scales, w_amax, p.w.scale_bound, a_dtype, quantizer)
+    if backward == "dequantized":
+        quantizer = q.backends.quantizer
+        A = run_dequantize(a_codes, a_scales, a_amax, q.x.bound, a_dtype, quantizer,
+                           _token_rows(group_of_row, offs, q.row_scaled))
+        w = run_dequantize(w_codes, w_scales, w_amax, q.w.bound, a_dtype, quantizer)
         w = w.view(experts, w.shape[0] // experts, -1)
     else:
         w = B_t.transpose(-2, -1).to(a_dtype)
@@ -230,11 +228,11 @@ def decode_grouped_activations(A: Tensor, offs: Tensor, *, recipe: FourOverSixRe
     """(bf16 block-scaled decode (M, K), each row's global decode factor amax/(6B) (M,)) of A's rows as
     four_over_six_grouped_mm's forward quantizes them, for a caller that runs its own GEMM on the decode (the RL
     consistent mode's batch-invariant one). Not counted in MAP4_STATS: it is no training forward."""
-    p = recipe.plan(grouped=True)
-    b = backends_for(p.quantizer, p.gemm, A.device)
-    aq, a_amax, group_of_row, _ = _quantize_tokens(A, offs, p, b, counted=False)
-    amax = amax_per_row(a_amax, A.shape[0], _token_rows(group_of_row, offs, p))
-    return aq.block_scaled(b.quantizer), global_decode_factor(amax, p.x.scale_bound)
+    q = gemm_quantizers(recipe.plan(grouped=True).key, True, A.device)
+    with MAP4_STATS.paused():
+        aq, a_amax, group_of_row, _ = _quantize_tokens(A, offs, q)
+    amax = amax_per_row(a_amax, A.shape[0], _token_rows(group_of_row, offs, q.row_scaled))
+    return aq.block_scaled(q.backends.quantizer), global_decode_factor(amax, q.x.bound)
 
 
 def four_over_six_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe,

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..dispatch.amax import run_expert_amax, run_tensor_amax
-from ..dispatch.backend import Backends, backends_for
-from ..dispatch.library import compile_opaque_op
-from .operands import Operand, quantize_operand
-from .recipe import GemmPlan, plan_from_key
+from ..quant.amax import run_expert_amax, run_tensor_amax
+from ..quant.library import compile_opaque_op
+from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
+from ..quant.recipe import GemmPlan
 
 
 @dataclass(frozen=True)
@@ -54,27 +53,26 @@ def _describe(source: tuple) -> str:
     return f"a {dtype} weight of shape {shape} on {device} (recipe {key})"
 
 
-def quantize_weight_rows(w: Tensor, experts: int, p: GemmPlan, b: Backends) -> tuple[Operand, Tensor]:
+def quantize_weight_rows(w: Tensor, experts: int, q: GemmQuantizers) -> tuple[Operand, Tensor]:
     """(operand, amax) of weight rows w (R, K) by the plan's weight spec: one amax over w (experts=0) or one per
     run of R/experts rows (an expert's) (what the grouped forward quantizes; the dense forward takes its
     weight's amax in one launch with x's)."""
-    amax = run_expert_amax(w, experts, b.quantizer) if experts else run_tensor_amax(w, b.quantizer)
-    return quantize_operand(w, amax, p.w, b, counted=True), amax
+    quantizer = q.backends.quantizer
+    amax = run_expert_amax(w, experts, quantizer) if experts else run_tensor_amax(w, quantizer)
+    return q.w.rows(w, amax), amax
 
 
 @compile_opaque_op("quantize_weight")
 def quantize_weight_op(w: Tensor, experts: int, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(codes, scales, decode or an empty tensor, amax) of quantize_weight_rows."""
-    p = plan_from_key(recipe, bool(experts))
-    q, amax = quantize_weight_rows(w, experts, p, backends_for(p.quantizer, p.gemm, w.device))
-    return q.codes, q.scales, (w.new_empty(0, dtype=torch.bfloat16) if q.decoded is None else q.decoded), amax
+    wq, amax = quantize_weight_rows(w, experts, gemm_quantizers(recipe, bool(experts), w.device))
+    return wq.codes, wq.scales, (w.new_empty(0, dtype=torch.bfloat16) if wq.decoded is None else wq.decoded), amax
 
 
 @quantize_weight_op.register_fake
 def _(w, experts, recipe):
     rows, k = w.shape
-    p = plan_from_key(recipe, bool(experts))
-    fp4 = backends_for(p.quantizer, p.gemm, w.device).fp4
+    fp4 = gemm_quantizers(recipe, bool(experts), w.device).backends.fp4
     decoded = w.new_empty(0 if fp4 else (rows, k), dtype=torch.bfloat16)
     return (w.new_empty(rows, k // 2, dtype=torch.uint8), w.new_empty(rows, k // 16, dtype=torch.float8_e4m3fn),
             decoded, w.new_empty(experts or (), dtype=torch.float32))

@@ -24,7 +24,8 @@ from ..modules.dtensor import local_weight
 from ..modules.experts import cached_weights
 from ..modules.weight_cache import WeightCache
 from ..numerics.reference import global_decode_factor
-from ..ops import MAP4_STATS, FourOverSixRecipe, QuantizedWeight, decode_grouped_activations
+from ..ops import FourOverSixRecipe, QuantizedWeight, decode_grouped_activations
+from ..quant.process_state import MAP4_STATS
 from . import consistent
 
 _NAMES = ("w1", "w2", "w3")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ops.stats import MAP4_STATS
+from ..quant.process_state import MAP4_STATS
 from .forward import KVCache, forward
 
 

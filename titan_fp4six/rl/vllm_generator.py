@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..integration.hf_config import qwen3_config
-from ..ops.stats import MAP4_STATS
+from ..quant.process_state import MAP4_STATS
 from ..vllm_plugin import scalar_inductor_on_default_capability
 from .experts import ExpertWeightCache, cached_experts
 from .forward import decoder_layer, embed, kernels, logits_of

@@ -5,8 +5,8 @@ GEMM implementation (GEMMS: real NVFP4 GEMMs on Blackwell or the emulation) are 
 variables QUANTIZER_ENV and EMULATE_ENV override them for the whole process (A/B runs without editing a
 recipe). resolve_backends (through environment_overrides) is the package's only environment read;
 backends_for stores its answer per knobs and device, so the per-call path reads no environment and re-checks
-no knob. This module is the only place
-that imports titan_fp4six.kernels; it does so lazily, so CPU-only code never loads Triton.
+no knob. This module is the only place that imports titan_fp4six.kernels; it does so lazily (kernel_module), so
+CPU-only code never loads Triton. Which kernel runs on which input is primitives.pick's choice.
 """
 
 import functools
@@ -71,20 +71,14 @@ def environment_overrides() -> tuple[str | None, bool]:
     return quantizer, emulate == "1"
 
 
-def emulated(gemm: str) -> bool:
-    """Whether the GEMMs of a recipe with this `gemm` knob are emulated on every device: the knob says so, or
-    EMULATE_ENV=1 overrides it (the rule resolve_backends and the MFU accounting share)."""
-    return gemm == "emulated" or environment_overrides()[1]
-
-
 def resolve_backends(quantizer: str, gemm: str, device: torch.device) -> Backends:
     """The implementations the knobs `quantizer` and `gemm` name on `device`, after the environment overrides;
     an implementation the knob requires but the device lacks is an error here, not at a later call."""
-    override, _ = environment_overrides()
+    override, emulate = environment_overrides()
     quantizer = override or quantizer
     if quantizer != "reference":
         quantizer = _kernels_or_reference(quantizer == "triton", device)
-    if emulated(gemm):
+    if emulate or gemm == "emulated":
         return Backends(quantizer, False)
     if gemm == "fp4":
         require_fp4(device)
@@ -100,7 +94,7 @@ def _kernels_or_reference(strict: bool, device: torch.device) -> str:
                              "'reference'")
         return "reference"
     for name in KERNEL_MODULES:
-        module = _kernel_module(name)
+        module = kernel_module(name)
         if isinstance(module, ImportError):
             if strict:
                 raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({module})")
@@ -114,8 +108,8 @@ backends_for = functools.cache(resolve_backends)
 
 
 @functools.cache
-def _kernel_module(name: str):
-    """The kernels module `name`, or the ImportError that says why not (cached either way)."""
+def kernel_module(name: str):
+    """The kernels module `name` (KERNEL_MODULES), or the ImportError that says why not (cached either way)."""
     try:
         if name == "quantize":
             from ..kernels import quantize as module
@@ -129,24 +123,4 @@ def _kernel_module(name: str):
             from ..kernels import amax as module
     except ImportError as exc:
         return exc
-    return module
-
-
-def kernels_for(x: torch.Tensor, quantizer: str, name: str, *more: torch.Tensor, check: str = "eligible"):
-    """The kernels module `name` (KERNEL_MODULES) to run on x (and `more` inputs), or None for the reference,
-    for a quantizer resolved by resolve_backends for x's device. `check` names the module's predicate that
-    must accept the inputs.
-
-    Never called while torch.compile traces: the public entry points are custom ops there (library.py).
-    """
-    if quantizer == "reference":
-        return None
-    module = _kernel_module(name)
-    if not getattr(module, check)(x, *more):
-        if quantizer == "triton":
-            raise ValueError(f"quantizer='triton': the {name} kernel does not take x {x.dtype} {tuple(x.shape)} "
-                             f"strides {x.stride()}; use quantizer='auto' to fall back to the reference")
-        _log.debug("%s: reference path (x %s %s strides %s not taken by the kernel)", name, x.dtype, tuple(x.shape),
-                   x.stride())
-        return None
     return module

@@ -14,7 +14,7 @@ import torch
 from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
 from ..numerics.spec import NVFP4, four_over_six_spec
 from ..numerics.validation import check_quantize_args
-from .backend import backends_for
+from .backends import backends_for
 from .quantize import run_quantize
 
 
@@ -43,7 +43,7 @@ def compile_opaque_op(name: str):
 
 
 def resolved_quantizer(quantizer: str, device: torch.device) -> str:
-    """The public entry points' `quantizer` knob resolved for `device` (backend.backends_for); 'reference' while
+    """The public entry points' `quantizer` knob resolved for `device` (backends.backends_for); 'reference' while
     torch.compile traces (a graph traces the reference and never looks a kernel up)."""
     if torch.compiler.is_compiling():
         return "reference"

@@ -4,13 +4,13 @@ The TOML sections of the torchtitan integration derive their fields and defaults
 (`KNOBS`), so a knob is declared, documented and validated here only. resolve_plan turns a recipe into a
 GemmPlan, the operand spec of every role of a dense or grouped GEMM; modules store a recipe resolved for their
 GEMM kind (`resolve`: backward never "auto"); the hot path passes its plan to the custom ops as its `key`
-string and never validates it again.
+string (a custom op takes no Python object), and the op bodies look the plan up by it (registered_plan): it is
+never parsed or validated again.
 """
 
-import functools
 from dataclasses import dataclass, field, fields, replace
 
-from ..dispatch.backend import GEMMS, QUANTIZERS
+from .backends import GEMMS, QUANTIZERS
 from ..numerics.formats import STANDARD_BOUND
 from ..numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec
 from ..numerics.validation import BLOCKS, ERR_MODES, SCALE_BOUNDS, check_choice
@@ -28,7 +28,7 @@ def _knob(default, valid, doc: str):
 @dataclass(frozen=True, kw_only=True)
 class FourOverSixRecipe:
     """How a four-over-six GEMM quantizes and where it runs (docs/numerics.md, docs/ops.md). `key`: the knob
-    values as one string in field order (what plan_from_key parses)."""
+    values as one string in field order; the recipe registers its plans under it (registered_plan)."""
 
     err_mode: str = _knob("mse", ERR_MODES, "Candidate choice per block between map-to-6 and map-to-4: 'mse' or "
                                             "'mae' error.")
@@ -66,6 +66,9 @@ class FourOverSixRecipe:
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
         object.__setattr__(self, "_grouped_plan", _plan_or_none(self, grouped=True))
+        for grouped, plan in ((False, self._dense_plan), (True, self._grouped_plan)):
+            if plan is not None:  # under the recipe's key and the resolved one, which the ops receive
+                _PLANS[self.key, grouped] = _PLANS[plan.key, grouped] = plan
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
@@ -93,8 +96,9 @@ class GemmPlan:
     tokens) the forward's per-tensor / per-group amax, or for row-scaled x (scaling "row") one per row of x^T,
     i.e. per column of x (and per group), as TransformerEngine's row-scaled NVFP4 does; x_t and dy_t, the
     weight-gradient GEMM's operands, carry transform 'rht16' with wgrad_rht (their amaxes then the transformed
-    tensors'); dy and dy_t carry rounding 'stochastic' with gradient_rounding; a 16x16 w_t is the forward's tiles transposed (a tile is its own transpose), not quantized
-    again. key: the resolved recipe's key, the form the custom ops take (plan_from_key inverts it)."""
+    tensors'); dy and dy_t carry rounding 'stochastic' with gradient_rounding; a 16x16 w_t is the forward's
+    tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's key, the form
+    the custom ops take (registered_plan looks the plan up by it)."""
 
     key: str
     backward: str
@@ -174,14 +178,15 @@ KNOBS = tuple(fields(FourOverSixRecipe))
 """The recipe's knobs (dataclass fields with metadata "valid" and "doc"): what the TOML sections derive from."""
 
 
-@functools.cache
-def plan_from_key(key: str, grouped: bool) -> GemmPlan:
-    """Inverse of GemmPlan.key, called only inside the custom ops' bodies (cached: each distinct key is parsed
-    once)."""
-    values = key.split(",")
-    return FourOverSixRecipe(**{f.name: _parse(f.type, v) for f, v in zip(KNOBS, values)}).plan(grouped)
+_PLANS: dict[tuple[str, bool], GemmPlan] = {}
 
 
-def _parse(kind: type, text: str):
-    """A knob's value from its str() in the key (bool("False") would be True)."""
-    return text == "True" if kind is bool else kind(text)
+def registered_plan(key: str, grouped: bool) -> GemmPlan:
+    """The plan a FourOverSixRecipe of this process resolved for a dense or grouped GEMM, by the recipe's key or
+    the plan's (what the custom ops' bodies receive)."""
+    try:
+        return _PLANS[key, grouped]
+    except KeyError:
+        kind = "grouped" if grouped else "dense"
+        raise KeyError(f"no FourOverSixRecipe of this process has the key {key!r} for {kind} GEMMs; the ops take "
+                       "the key of a recipe's plan: recipe.plan(grouped).key") from None

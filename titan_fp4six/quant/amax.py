@@ -1,47 +1,60 @@
 """FP32 amax per tensor, per row and per token group (real rows only), all without a host sync.
 
-max |x| is exact, so the Triton reductions and the reference agree bit for bit (NaN included); while
-torch.compile traces, the reference is traced (no kernel lookup inside a graph).
+max |x| is exact, so the Triton reductions and the reference agree bit for bit (NaN included); which one runs is
+primitives.pick's choice.
 """
 
 import torch
 
 from ..numerics.reference import row_amax_reference, tensor_amax_reference
-from .backend import kernels_for
+from .primitives import Primitive, pick
+
+
+def _dense_amaxes_reference(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Tensor:
+    x_amax = row_amax_reference(x) if row_scaled else tensor_amax_reference(x).view(1)
+    return torch.cat((x_amax, tensor_amax_reference(w).view(1)))
+
+
+def _token_groups_reference(x: torch.Tensor, offs: torch.Tensor,
+                            per_row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    group = group_index(offs, x.shape[0])
+    empty = torch.cat((offs[:1], offs.diff())) == 0
+    rows = row_amax_reference(x)
+    if per_row:
+        return torch.where(group < offs.numel(), rows, 0.0), group, empty
+    # Rows that are not tokens land in the extra bucket E, which is dropped: garbage or NaN there never leaks.
+    buckets = torch.zeros(offs.numel() + 1, dtype=torch.float32, device=x.device)
+    return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group, empty
+
+
+def _rows_taken(x: torch.Tensor) -> bool:
+    return x.numel() > 0 and x.stride(-1) == 1
+
+
+# Exact reductions: where a kernel skips a layout the reference gives the same values (strict=False).
+TENSOR_AMAX = Primitive("tensor amax", "amax", "tensor_amax", tensor_amax_reference,
+                        takes=lambda x: x.numel() > 0 and x.is_contiguous(), strict=False)
+DENSE_AMAXES = Primitive("dense amaxes", "amax", "dense_amaxes", _dense_amaxes_reference,
+                         takes=lambda x, w: x.is_contiguous() and w.is_contiguous(), strict=False)
+ROW_AMAX = Primitive("row amax", "amax", "row_amax", row_amax_reference, takes=_rows_taken, strict=False)
+TOKEN_GROUPS = Primitive("token groups", "amax", "token_groups", _token_groups_reference, takes=_rows_taken,
+                         strict=False)
 
 
 def run_tensor_amax(x: torch.Tensor, quantizer: str) -> torch.Tensor:
     """max |x| over the whole tensor as an FP32 scalar tensor (NaN propagates, 0 when empty)."""
-    if torch.compiler.is_compiling() or not x.numel() or not x.is_contiguous():
-        return tensor_amax_reference(x)
-    kernels = kernels_for(x, quantizer, "amax")
-    return kernels.tensor_amax(x) if kernels else tensor_amax_reference(x)
+    return pick(TENSOR_AMAX, quantizer, x)(x)
 
 
 def run_dense_amaxes(x: torch.Tensor, w: torch.Tensor, row_scaled: bool, quantizer: str) -> torch.Tensor:
     """A dense GEMM's amaxes in one FP32 vector: max |x| (one, or one per row when row_scaled) then max |w|;
     per-tensor, one kernel launch computes both."""
-    if torch.compiler.is_compiling() or not (x.is_contiguous() and w.is_contiguous()):
-        kernels = None
-    else:
-        kernels = kernels_for(x, quantizer, "amax", w)
-    if kernels is not None:
-        return kernels.dense_amaxes(x, w, row_scaled)
-    x_amax = row_amax_reference(x) if row_scaled else tensor_amax_reference(x).view(1)
-    return torch.cat((x_amax, tensor_amax_reference(w).view(1)))
-
-
-def _row_kernels(x: torch.Tensor, quantizer: str):
-    """The amax kernels module where the row kernel takes x (eager, non-empty, unit column stride), else None."""
-    if torch.compiler.is_compiling() or not x.numel() or x.stride(-1) != 1:
-        return None
-    return kernels_for(x, quantizer, "amax")
+    return pick(DENSE_AMAXES, quantizer, x, w)(x, w, row_scaled)
 
 
 def run_row_amax(x: torch.Tensor, quantizer: str) -> torch.Tensor:
     """max |x| of each row of a 2-D tensor as an FP32 vector of length R."""
-    kernels = _row_kernels(x, quantizer)
-    return kernels.row_amax(x) if kernels else row_amax_reference(x)
+    return pick(ROW_AMAX, quantizer, x)(x)
 
 
 def run_expert_amax(w: torch.Tensor, experts: int, quantizer: str) -> torch.Tensor:
@@ -56,17 +69,8 @@ def run_token_groups(x: torch.Tensor, offs: torch.Tensor, per_row: bool,
     not tokens: whatever they hold, NaN included, never reaches an amax; or with per_row=False per group (E,),
     0 for empty groups; each row's group (group_index); which groups are empty (bool (E,))). One launch on
     CUDA. offs: inclusive group ends (int32, non-decreasing, non-empty)."""
-    kernels = _row_kernels(x, quantizer) if offs.is_contiguous() else None
-    if kernels:
-        return kernels.token_groups(x, offs, per_row)
-    group = group_index(offs, x.shape[0])
-    empty = torch.cat((offs[:1], offs.diff())) == 0
-    rows = row_amax_reference(x)
-    if per_row:
-        return torch.where(group < offs.numel(), rows, 0.0), group, empty
-    # Rows that are not tokens land in the extra bucket E, which is dropped: garbage or NaN there never leaks.
-    buckets = torch.zeros(offs.numel() + 1, dtype=torch.float32, device=x.device)
-    return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group, empty
+    offs = offs.contiguous()  # the kernel reads it as one vector (a no-op for the ops' offs)
+    return pick(TOKEN_GROUPS, quantizer, x)(x, offs, per_row)
 
 
 def group_index(offs: torch.Tensor, rows: int) -> torch.Tensor:

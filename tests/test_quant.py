@@ -1,12 +1,12 @@
-"""The dispatch layer: the public quantizers are opaque custom ops under torch.compile (compiled code gets the
+"""The quant layer's public entry points: the public quantizers are opaque custom ops under torch.compile (compiled code gets the
 eager bytes), fake implementations agree with the real ones, and the `quantizer` choice is honoured."""
 
 import pytest
 import torch
 
-from titan_fp4six import dispatch
-from titan_fp4six.dispatch import QUANTIZER_ENV
-from titan_fp4six.dispatch.backend import backends_for
+from titan_fp4six import quant
+from titan_fp4six.quant import QUANTIZER_ENV
+from titan_fp4six.quant.backends import backends_for
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -19,7 +19,7 @@ def _inputs(row_scaled, nan=True, rows=32, cols=64, device="cpu"):
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).to(device)
     if nan:
         x[3, 5] = float("nan")
-    return x, dispatch.row_amax(x) if row_scaled else dispatch.tensor_amax(x)
+    return x, quant.row_amax(x) if row_scaled else quant.tensor_amax(x)
 
 
 @pytest.mark.parametrize("row_scaled", [False, True])
@@ -33,10 +33,10 @@ def test_opcheck(row_scaled):
 
 def _quantize_all(row_scaled):
     def fn(x, amax):
-        dec, blocks = dispatch.four_over_six_quantize_decode(x * 2, amax * 2)
-        tile = dispatch.four_over_six_quantize(x, amax, block="1x16" if row_scaled else "16x16", err_mode="mae",
+        dec, blocks = quant.four_over_six_quantize_decode(x * 2, amax * 2)
+        tile = quant.four_over_six_quantize(x, amax, block="1x16" if row_scaled else "16x16", err_mode="mae",
                                                scale_bound=448)
-        std = dispatch.nvfp4_quantize(x, amax)
+        std = quant.nvfp4_quantize(x, amax)
         return dec, blocks.codes, blocks.scales, blocks.map4, tile.codes, tile.scales, tile.map4, std.codes, std.scales
 
     return fn
@@ -99,17 +99,17 @@ def test_fake_implementation_rejects_bad_knobs():
 def test_quantizer_knob_is_checked_and_triton_needs_cuda(monkeypatch):
     x, amax = _inputs(False)
     with pytest.raises(ValueError, match="quantizer='cuda' is not supported; valid values: 'auto', 'triton'"):
-        dispatch.four_over_six_quantize(x, amax, quantizer="cuda")
+        quant.four_over_six_quantize(x, amax, quantizer="cuda")
     with pytest.raises(ValueError, match="quantizer='triton' needs CUDA tensors"):
-        dispatch.four_over_six_quantize(x, amax, quantizer="triton")
+        quant.four_over_six_quantize(x, amax, quantizer="triton")
     try:  # the environment is read when a device is first seen: forget what was resolved so far
         backends_for.cache_clear()
         monkeypatch.setenv(QUANTIZER_ENV, "triton")  # the override wins over the knob
         with pytest.raises(ValueError, match="needs CUDA"):
-            dispatch.nvfp4_quantize(x, amax, quantizer="reference")
+            quant.nvfp4_quantize(x, amax, quantizer="reference")
         monkeypatch.setenv(QUANTIZER_ENV, "fast")
         with pytest.raises(ValueError, match=f"{QUANTIZER_ENV}='fast' is not supported"):
-            dispatch.nvfp4_quantize(x, amax)
+            quant.nvfp4_quantize(x, amax)
     finally:
         monkeypatch.undo()
         backends_for.cache_clear()
@@ -122,19 +122,19 @@ def test_quantizer_choice_on_cuda(monkeypatch, caplog):
     import logging
 
     x, amax = _inputs(False, rows=256, cols=512, device="cuda")
-    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.dispatch.backend"):
-        ref = dispatch.four_over_six_quantize(x, amax, block="16x16", quantizer="reference")
-        fast = dispatch.four_over_six_quantize(x, amax, block="16x16", quantizer="triton")
+    with caplog.at_level(logging.DEBUG, logger="titan_fp4six.quant.primitives"):
+        ref = quant.four_over_six_quantize(x, amax, block="16x16", quantizer="reference")
+        fast = quant.four_over_six_quantize(x, amax, block="16x16", quantizer="triton")
     _assert_same_bytes((ref.codes, ref.scales, ref.map4), (fast.codes, fast.scales, fast.map4))
     strided = x.t()  # not a layout the kernel reads: 'triton' refuses, 'auto' falls back and says so
     with pytest.raises(ValueError, match="does not take x"):
-        dispatch.four_over_six_quantize(strided, dispatch.tensor_amax(x), quantizer="triton")
+        quant.four_over_six_quantize(strided, quant.tensor_amax(x), quantizer="triton")
 
 
 def test_columnwise_reference_quantizes_the_zero_padded_transpose():
     """Where no kernel runs, the columnwise operands are the reference on x^T padded with zero columns to a
     multiple of 16 (what the kernel reads in place), with a map-to-6-only variant for operands out of scope."""
-    from titan_fp4six.dispatch.quantize import run_quantize_columnwise
+    from titan_fp4six.quant.quantize import run_quantize_columnwise
     from titan_fp4six.numerics import reference
     from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
 

@@ -13,7 +13,7 @@ from ..numerics.validation import (SCALE_BOUNDS, check_amax_covers, check_choice
                                    check_quantize_args)
 from . import amax as _amax
 from . import library
-from .backend import QUANTIZERS
+from .backends import QUANTIZERS
 from .library import resolved_quantizer
 from .quantize import run_decode_block_scaled, run_dequantize
 

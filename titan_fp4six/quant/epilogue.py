@@ -1,0 +1,16 @@
+"""The emulated GEMMs' epilogues (product x global decode factors -> output dtype) as primitives: the Triton
+kernels of kernels/epilogue.py or their references, the same bytes; ops/gemm.py picks and runs them.
+
+SCALE_CAST: acc (M, N) FP32 * (amax_a/(6B_a) * amax_b/(6B_b)) cast to dtype, a_amax () or (M,), b_amax ().
+GROUPED_SCALE_CAST: the grouped GEMM's bf16 product * (fa * fw) per row, zeros past offs[-1].
+GROUPED_WGRAD_SCALE_CAST: the grouped weight gradient's product (E, R, N), one pass where PyTorch makes four
+over an FP32 copy of the product.
+"""
+
+from ..numerics.reference import grouped_scale_cast_reference, grouped_wgrad_scale_cast_reference, scale_cast_reference
+from .primitives import Primitive
+
+SCALE_CAST = Primitive("epilogue", "epilogue", "scale_cast", scale_cast_reference)
+GROUPED_SCALE_CAST = Primitive("grouped epilogue", "epilogue", "grouped_scale_cast", grouped_scale_cast_reference)
+GROUPED_WGRAD_SCALE_CAST = Primitive("grouped wgrad epilogue", "epilogue", "grouped_wgrad_scale_cast",
+                                     grouped_wgrad_scale_cast_reference)

@@ -1,0 +1,159 @@
+"""NVFP4 GEMM operands and the role quantizers that make them, one per operand role of a GEMM plan on a device.
+
+An operand is rows x K with 1x16 blocks along K, as every NVFP4 GEMM consumes it; its global decode factor
+amax/(6B) travels separately because grouped GEMMs apply it per token group / expert. A GEMM op's body asks
+gemm_quantizers(key, grouped, device) once for its plan's role quantizers (x, w and the quantized backward's dy,
+x_t, w_t, dy_t), each carrying its spec, the resolved backends, its seed source and whether it counts map-to-4
+blocks, and calls rows / columns / token_blocks / transposed_tiles on them.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
+from ..numerics.groups import RowGroups, TokenBlocks
+from ..numerics.spec import OperandSpec
+from .amax import run_column_amax, run_group_column_amax, run_tensor_amax, run_token_groups
+from .backends import Backends, backends_for
+from .process_state import GRADIENT_ROUNDING, MAP4_STATS
+from .primitives import pick
+from .quantize import (QUANTIZE, run_decode_block_scaled, run_quantize_columnwise, run_quantize_token_blocks,
+                       run_rht16_columns, run_rht16_token_blocks)
+from .recipe import GemmPlan, registered_plan
+
+
+@dataclass
+class Operand:
+    """codes uint8 (R, K/2), E4M3 block scales (R, K/16), and optionally the exact bf16 e2m1*scale decode (an
+    operand only the emulated GEMM reads may carry the decode alone)."""
+
+    codes: Tensor | None
+    scales: Tensor | None
+    decoded: Tensor | None = None
+
+    def block_scaled(self, quantizer: str) -> Tensor:
+        """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input; decoded here (by the resolved
+        `quantizer`) unless the quantizer wrote it already."""
+        if self.decoded is None:
+            self.decoded = run_decode_block_scaled(self.codes, self.scales, quantizer)
+        return self.decoded
+
+
+class RoleQuantizer:
+    """One operand role of a plan on a device: its spec, the backends, and whether its quantizations add their
+    map-to-4 counts to MAP4_STATS (the forward's x and W). A stochastically rounded spec takes each
+    quantization's Philox seed from GRADIENT_ROUNDING, in call order. The decode the emulated GEMMs read is
+    written in the quantizer's pass unless real FP4 GEMMs run. What the calls need is resolved here, once."""
+
+    def __init__(self, spec: OperandSpec, backends: Backends, counted: bool = False):
+        self.spec, self.backends, self.counted = spec, backends, counted
+        self.quantizer, self.decode, self.bound = backends.quantizer, not backends.fp4, spec.scale_bound
+        self.base = spec.untransformed  # what quantizes after the role's transform
+        self.stochastic = spec.rounding == "stochastic"
+
+    def __repr__(self) -> str:
+        return f"RoleQuantizer({self.spec}, {self.backends}, counted={self.counted})"
+
+    def rows(self, x: Tensor, amax: Tensor, groups: RowGroups | None = None) -> Operand:
+        """x quantized along its rows; each row's amax by reference.amax_per_row(amax, rows, groups)."""
+        x = x.contiguous()
+        map4 = MAP4_STATS.counts(x.device) if self.counted else False
+        seed = GRADIENT_ROUNDING.next() if self.stochastic else None
+        codes, scales, _, decoded = pick(QUANTIZE, self.quantizer, x)(x, amax, self.spec, self.decode, False, groups,
+                                                                      map4, seed)
+        return Operand(codes, scales, decoded)
+
+    def columns(self, x: Tensor, amax: Tensor | None = None) -> tuple[Operand, Tensor]:
+        """(operand of x^T (K, ceil16(M)), its amax) for a 2-D x (M, K), 1x16 blocks along M, zero rows up to
+        ceil16(M): with the given per-tensor amax, read from x in place on CUDA; for a row-scaled spec one amax per
+        row of x^T, x's column amax, computed here (per-token amaxes do not transpose); with a transform
+        ('rht16') every 16-row block transformed first and the amax the transformed tensor's (`amax` unused)."""
+        row_scaled = self.spec.scaling == "row"
+        if self.spec.transform != "none":
+            x = run_rht16_columns(x, self.quantizer)
+            amax = None if row_scaled else run_tensor_amax(x, self.quantizer)
+        if row_scaled:
+            amax = run_column_amax(x)
+        seed = GRADIENT_ROUNDING.next() if self.stochastic else None
+        codes, scales, _, decoded = run_quantize_columnwise(x, amax, self.base, self.quantizer, self.decode, False,
+                                                            seed)
+        return Operand(codes, scales, decoded), amax
+
+    def token_blocks(self, x: Tensor, tb: TokenBlocks, amax: Tensor, group_of_row: Tensor) -> tuple[Operand, Tensor]:
+        """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by `tb`
+        and quantized block by block (read in place on CUDA) with `amax` per group (E,), or for a row-scaled
+        spec per group and column (E, C), computed here from x and group_of_row. With a transform ('rht16')
+        every 16-token block of the layout is transformed first (a group's zero padding with its tokens; blocks
+        past the last group stay zeros) and the amaxes are the transformed layout's (`amax` unused)."""
+        experts = tb.ends.numel()
+        if self.spec.transform != "none":
+            x = run_rht16_token_blocks(x, tb, self.quantizer)  # (P, C), already in the layout
+            tb = tb.laid_out()
+            if self.spec.scaling == "row":
+                amax = run_group_column_amax(x, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
+            else:  # the groups' padded ends delimit their blocks; positions past the last end belong to no group
+                amax = run_token_groups(x, tb.ends, False, self.quantizer)[0]
+        elif self.spec.scaling == "row":
+            amax = run_group_column_amax(x, group_of_row, experts)
+        seed = GRADIENT_ROUNDING.next() if self.stochastic else None
+        codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, self.base, self.quantizer, self.decode, seed)
+        return Operand(codes, scales, decoded), amax
+
+    def transposed_tiles(self, op: Operand, experts: int = 0) -> Operand:
+        """The transpose of an operand quantized in 16x16 tiles (a tile is its own transpose: the forward's
+        codes and scales, not quantized again): for the emulated GEMM its decode, transposed (a view); for the
+        real FP4 GEMM its codes and scales transposed. experts: the operand is E experts' (N, C) weights
+        stacked, each transposed (the decode as an (E, C, N) view)."""
+        if self.backends.fp4:
+            return transpose_tile_codes(op, max(experts, 1))
+        decoded = op.block_scaled(self.quantizer)
+        if experts:
+            return Operand(None, None, decoded.view(experts, -1, decoded.shape[-1]).transpose(-2, -1))
+        return Operand(None, None, decoded.t())
+
+
+def transpose_tile_codes(op: Operand, experts: int = 1) -> Operand:
+    """The transpose of a 16x16-tile-quantized (R, C) matrix as a (C, R) operand: the forward's own codes and
+    tile scales, transposed (spec: a 16x16 tile is its own transpose; re-quantizing could flip a near-tie).
+    experts > 1: R = E*N rows of E experts' (N, C) weights, each transposed on its own -> (E*C, N)."""
+    rows, cols = op.codes.shape[0], op.codes.shape[1] * 2
+    n = rows // experts
+    codes = unpack_codes(op.codes).view(experts, n, cols)
+    codes_t = pack_codes(codes.transpose(1, 2).reshape(experts * cols, n))
+    tiles = op.scales.view(torch.uint8)[::BLOCK_SIZE]  # one row of scales per 16-row tile: (R/16, C/16)
+    tiles_t = tiles.view(experts, n // BLOCK_SIZE, cols // BLOCK_SIZE).transpose(1, 2)
+    scales_t = tiles_t.repeat_interleave(BLOCK_SIZE, dim=1).reshape(experts * cols, n // BLOCK_SIZE)
+    return Operand(codes_t, scales_t.contiguous().view(torch.float8_e4m3fn))
+
+
+class GemmQuantizers(NamedTuple):
+    """A GemmPlan on one device: the backends and a role quantizer per operand role (None where the plan has
+    none: the quantized backward's roles in the other backward modes)."""
+
+    plan: GemmPlan
+    backends: Backends
+    x: RoleQuantizer
+    w: RoleQuantizer
+    dy: RoleQuantizer | None
+    x_t: RoleQuantizer | None
+    w_t: RoleQuantizer | None
+    dy_t: RoleQuantizer | None
+    row_scaled: bool
+
+
+@functools.cache
+def gemm_quantizers(key: str, grouped: bool, device: torch.device) -> GemmQuantizers:
+    """The role quantizers of the plan a recipe registered under `key` (recipe.registered_plan), on `device`:
+    built once per (key, grouped, device), what every op call after the first reads."""
+    plan = registered_plan(key, grouped)
+    b = backends_for(plan.quantizer, plan.gemm, device)
+
+    def role(spec: OperandSpec | None, counted: bool = False) -> RoleQuantizer | None:
+        return None if spec is None else RoleQuantizer(spec, b, counted)
+
+    return GemmQuantizers(plan, b, role(plan.x, True), role(plan.w, True), role(plan.dy), role(plan.x_t),
+                          role(plan.w_t), role(plan.dy_t), plan.row_scaled)
