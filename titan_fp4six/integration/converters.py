@@ -12,27 +12,22 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.moe.moe import GroupedExperts
 from torchtitan.models.moe.utils import set_token_group_alignment_size_m
 from torchtitan.protocols.model_converter import _registry_model_converter_cls, register_model_converter
-from torchtitan.tools.logging import logger
 
 from ..modules.experts import convert_experts
 from ..modules.linear import FourOverSixLinear
 from ..modules.weight_cache import invalidate_weight_caches
-from . import fidelity, metrics, rounding, rules
-from .allocator import hint_without_expandable_segments
-from .backward_thread import run_backward_on_calling_thread
-from .rules import (check_context, check_implementations, check_known_converters, check_section_listed,
-                    check_whole_expert_weights)
+from . import conversion, fidelity, rounding
+from .rules import check_known_converters, check_section_listed
 from .sections import FAMILY
+
 KINDS = ("linear", "grouped_mm")
-_CACHED = "; weights quantized once per optimizer step (cache_weights)"
 CONFIG_MODULE = "titan_fp4six.integration.job_config"
 
 
-def bf16_layers(model: nn.Module, cfg, section: str) -> set[int]:
-    """The bf16 layer window over a built model's `layers` stack."""
+def layer_indices(model: nn.Module) -> list[int] | None:
+    """The decoder layer indices of a built model's `layers` stack (None without one)."""
     layers = getattr(model, "layers", None)
-    order = None if layers is None else sorted(int(name) for name, _ in layers.named_children())
-    return rules.bf16_layers(order, cfg, section, type(model).__name__)
+    return None if layers is None else sorted(int(name) for name, _ in layers.named_children())
 
 
 def configured_section(job_config, kind: str):
@@ -50,20 +45,11 @@ def section_config(job_config, kind: str):
 
 
 def validate_job_config(job_config, kind: str):
-    """Cross-section checks for converter `kind` ("linear" or "grouped_mm"); returns (section cfg, recipe)."""
-    section = f"quantize.{kind}.{FAMILY}"
+    """The checks of converter `kind` ("linear" or "grouped_mm") against the whole job config (conversion's);
+    returns (section cfg, recipe)."""
     cfg = section_config(job_config, kind)
-    par = job_config.parallelism
-    check_context(kind, cfg, job_config.model.converters, job_config.compile, par.tensor_parallel_degree)
-    if kind == "grouped_mm":
-        if par.expert_parallel_comm_backend == "deepep":
-            raise ValueError(f"{section} with parallelism.expert_parallel_comm_backend=\"deepep\": DeepEP does "
-                             f"not pad token groups to {cfg.pad_multiple} rows; use \"standard\"")
-        check_whole_expert_weights(section, par.tensor_parallel_degree, par.expert_parallel_degree,
-                                   par.expert_tensor_parallel_degree)
-    recipe = cfg.recipe()
-    check_implementations(recipe, section)
-    return cfg, recipe
+    return cfg, conversion.check_section(kind, cfg, job_config.model.converters, job_config.compile,
+                                         job_config.parallelism)
 
 
 def check_converter_names(job_config) -> None:
@@ -103,10 +89,8 @@ class _Converter(QuantizationConverter):
         self.section = f"quantize.{self.kind}.{FAMILY}"
         self.cfg, self.recipe = validate_job_config(job_config, self.kind)
         super().__init__(job_config, parallel_dims)  # torchtitan's one-quantization-family check
-        metrics.install()
+        conversion.set_up_process()
         rounding.start_step(job_config, 1)  # then set at the end of every step (metrics) and by the launcher
-        run_backward_on_calling_thread()  # torchtitan builds converters on the thread that trains
-        hint_without_expandable_segments()
 
     def attach_fidelity(self, model: nn.Module, converted: list[str]) -> None:
         """fidelity_every > 0: measure the converted modules every N steps (integration/fidelity.py)."""
@@ -126,19 +110,15 @@ class FourOverSixLinearConverter(_Converter):
     kind = "linear"
 
     def convert(self, model: nn.Module):
-        cfg, section = self.cfg, self.section
         linears = {fqn: mod for fqn, mod in model.named_modules() if type(mod) is nn.Linear}
-        converted, skipped = rules.select_linears([(f, m.in_features, m.out_features) for f, m in linears.items()],
-                                                  cfg, section, bf16_layers(model, cfg, section))
-        for fqn in converted:
-            mod = linears[fqn]
-            _replace(model, fqn, FourOverSixLinear.from_linear(mod, self.recipe, cfg.cache_weights))
-            metrics.track(fqn, mod.weight.numel(), self.recipe, grouped=False)
+
+        def swap(fqn: str) -> None:
+            _replace(model, fqn, FourOverSixLinear.from_linear(linears[fqn], self.recipe, self.cfg.cache_weights))
+
+        converted = conversion.convert_linears(
+            self.section, self.cfg, self.recipe, [(f, m.in_features, m.out_features) for f, m in linears.items()],
+            layer_indices(model), type(model).__name__, swap)
         self.attach_fidelity(model, converted)
-        logger.info(f"{section}: converted {len(converted)} Linear layers to FourOverSixLinear ({self.recipe})"
-                    f"{_CACHED if cfg.cache_weights else ''}")
-        if skipped:
-            logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
 
 
 class FourOverSixGroupedMMConverter(_Converter):
@@ -151,19 +131,19 @@ class FourOverSixGroupedMMConverter(_Converter):
         set_token_group_alignment_size_m(self.cfg.pad_multiple)  # EP dispatch pads every expert group to this
 
     def convert(self, model: nn.Module):
-        cfg, section = self.cfg, self.section
         experts = {fqn: mod for fqn, mod in model.named_modules() if isinstance(mod, GroupedExperts)}
-        converted = rules.select_experts([(f, {n: getattr(m, n).shape for n in ("w1", "w2", "w3")})
-                                          for f, m in experts.items()], cfg, section, bf16_layers(model, cfg, section))
-        for fqn in converted:
-            mod = convert_experts(experts[fqn], self.recipe, cfg.pad_multiple, cfg.cache_weights)
+
+        def swap(fqn: str) -> int:
+            mod = convert_experts(experts[fqn], self.recipe, self.cfg.pad_multiple, self.cfg.cache_weights)
             router = getattr(model.get_submodule(fqn.rpartition(".")[0]), "router", None)
             top_k = getattr(router, "top_k", mod.num_experts)
-            metrics.track(fqn, sum(getattr(mod, n).numel() for n in ("w1", "w2", "w3")) * top_k // mod.num_experts,
-                          self.recipe, grouped=True)
+            return sum(getattr(mod, n).numel() for n in ("w1", "w2", "w3")) * top_k // mod.num_experts
+
+        converted = conversion.convert_experts(
+            self.section, self.cfg, self.recipe,
+            [(f, {n: getattr(m, n).shape for n in ("w1", "w2", "w3")}) for f, m in experts.items()],
+            layer_indices(model), type(model).__name__, swap)
         self.attach_fidelity(model, converted)
-        logger.info(f"{section}: converted {len(converted)} routed-experts modules ({self.recipe}); "
-                    f"token groups aligned to {cfg.pad_multiple} rows{_CACHED if cfg.cache_weights else ''}")
 
 
 def register() -> None:

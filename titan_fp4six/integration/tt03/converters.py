@@ -3,8 +3,8 @@
 torchtitan 0.3 converts the model config tree before the model is built: `Linear.Config` nodes become
 `FourOverSixLinearModule.Config` and `GroupedExperts.Config` nodes the 4/6 subclass's config, whose token dispatcher
 is swapped for torchtitan's padding one (`swap_token_dispatcher`, groups padded to `pad_multiple`). The converter
-configs carry the same fields as the 0.2 TOML sections (sections.py, derived from FourOverSixRecipe) and check them
-when built; selection, the bf16 layer window and the checks are rules.py's, as in 0.2.
+configs carry the same fields as the 0.2 TOML sections (sections.py, derived from FourOverSixRecipe); the checks,
+the process set-up, the selection, the bf16 layer window and the accounting are conversion.py's, as in 0.2.
 
 `has_quantization` (torchtitan's test of whether MFU may use the bf16 peak) knows only torchtitan's converters;
 `install()` (run on import) extends it to these configs, so a converted model reports True and a stock one False.
@@ -19,15 +19,12 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.linear import Linear
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.protocols.module import Module
-from torchtitan.tools.logging import logger
 
 from ...modules.experts import cached_weights, converted_experts_forward
 from ...modules.linear import FourOverSixLinear
 from ...modules.weight_cache import WeightCache
 from ...ops import FourOverSixRecipe
-from .. import metrics, rules
-from ..allocator import hint_without_expandable_segments
-from ..backward_thread import run_backward_on_calling_thread
+from .. import conversion
 from ..sections import make_section
 
 EXPERT_WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")  # torchtitan 0.3's names, each (E, out, in)
@@ -92,14 +89,13 @@ def _layers(model_config) -> list[int] | None:
 
 
 class _Converter(QuantizationConverter):
+    """Built by the trainer after its config checks (trainer.check_config: conversion.check_section)."""
+
     def __init__(self, config):
         self.config = config
         self.section = config.SECTION
         self.recipe = config.recipe()
-        rules.check_implementations(self.recipe, self.section)
-        metrics.install()
-        run_backward_on_calling_thread()  # torchtitan converts on the thread that trains
-        hint_without_expandable_segments()
+        conversion.set_up_process()
 
 
 class FourOverSixLinearConverter(_Converter):
@@ -109,21 +105,19 @@ class FourOverSixLinearConverter(_Converter):
                           bases=(QuantizationConverter.Config,), slots=True)
 
     def convert(self, model_config):
-        cfg, section = self.config, self.section
         found = {fqn: (c, parent, attr) for fqn, c, parent, attr in model_config.traverse(Linear.Config)
                  if type(c) is Linear.Config}  # converted ones are subclasses: converting twice is a no-op
-        converted, skipped = rules.select_linears(
-            [(fqn, c.in_features, c.out_features) for fqn, (c, _, _) in found.items()], cfg, section,
-            rules.bf16_layers(_layers(model_config), cfg, section, type(model_config).__qualname__))
-        for fqn in converted:
+
+        def swap(fqn: str) -> None:
+            nonlocal model_config
             c, parent, attr = found[fqn]
             new = FourOverSixLinearModule.Config(**{f.name: getattr(c, f.name) for f in fields(c)},
-                                                 recipe=self.recipe, cache_weights=cfg.cache_weights)
+                                                 recipe=self.recipe, cache_weights=self.config.cache_weights)
             model_config = _replace(model_config, parent, attr, new)
-            metrics.track(fqn, c.in_features * c.out_features, self.recipe, grouped=False)
-        logger.info(f"{section}: converted {len(converted)} Linear configs to FourOverSixLinearModule ({self.recipe})")
-        if skipped:
-            logger.info(f"{section}: left in bf16, dims not quantizable: {', '.join(skipped)}")
+
+        conversion.convert_linears(self.section, self.config, self.recipe,
+                                   [(fqn, c.in_features, c.out_features) for fqn, (c, _, _) in found.items()],
+                                   _layers(model_config), type(model_config).__qualname__, swap)
         return model_config
 
 
@@ -134,24 +128,23 @@ class FourOverSixGroupedExpertsConverter(_Converter):
                           bases=(QuantizationConverter.Config,), slots=True)
 
     def convert(self, model_config):
-        cfg, section = self.config, self.section
         found = {fqn: (c, parent) for fqn, c, parent, _ in model_config.traverse(GroupedExperts.Config)
                  if type(c)._owner not in _EXPERTS.values()}
         shapes = lambda c: {"w1_EFD": (c.num_experts, c.hidden_dim, c.dim),  # noqa: E731
-                            "w2_EDF": (c.num_experts, c.dim, c.hidden_dim), "w3_EFD": (c.num_experts, c.hidden_dim, c.dim)}
-        converted = rules.select_experts(
-            [(fqn, shapes(c)) for fqn, (c, _) in found.items()], cfg, section,
-            rules.bf16_layers(_layers(model_config), cfg, section, type(model_config).__qualname__))
-        for fqn in converted:
+                            "w2_EDF": (c.num_experts, c.dim, c.hidden_dim),
+                            "w3_EFD": (c.num_experts, c.hidden_dim, c.dim)}
+
+        def swap(fqn: str) -> int:
             c, routed = found[fqn]  # routed: the RoutedExperts.Config owning inner_experts and the dispatcher
-            quant_utils.swap_token_dispatcher(routed, cfg.pad_multiple)
+            quant_utils.swap_token_dispatcher(routed, self.config.pad_multiple)
             cls = four_over_six_experts_class(type(c)._owner)
             routed.inner_experts = cls.Config(**{f.name: getattr(c, f.name) for f in fields(c)}, recipe=self.recipe,
-                                              cache_weights=cfg.cache_weights)
-            top_k = routed.token_dispatcher.top_k
-            metrics.track(fqn, 3 * c.dim * c.hidden_dim * top_k, self.recipe, grouped=True)
-        logger.info(f"{section}: converted {len(converted)} routed-experts configs ({self.recipe}); token groups "
-                    f"padded to {cfg.pad_multiple} rows by the dispatcher")
+                                              cache_weights=self.config.cache_weights)
+            return 3 * c.dim * c.hidden_dim * routed.token_dispatcher.top_k
+
+        conversion.convert_experts(self.section, self.config, self.recipe,
+                                   [(fqn, shapes(c)) for fqn, (c, _) in found.items()], _layers(model_config),
+                                   type(model_config).__qualname__, swap)
         return model_config
 
 

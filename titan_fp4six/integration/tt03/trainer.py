@@ -15,7 +15,7 @@ from torchtitan.config import TrainingConfig
 from torchtitan.trainer import Trainer
 
 from ...modules.weight_cache import invalidate_weight_caches
-from .. import rules
+from .. import conversion, rules
 from ..nonfinite import NonFiniteStop
 from ..rounding import RoundingSeedPerStep
 from . import cpu
@@ -60,10 +60,7 @@ def check_config(config) -> None:
             raise ValueError(f"{name}.fidelity_every={cfg.fidelity_every}: the fidelity telemetry runs with "
                              "torchtitan 0.2.x only; set it to 0 (python -m titan_fp4six.fidelity measures a "
                              "checkpoint either way)")
-        par = config.parallelism
-        rules.check_context(kind, cfg, listed, config.compile, par.tensor_parallel_degree)
-        if kind == "grouped_mm":
-            rules.check_whole_expert_weights(name, par.tensor_parallel_degree, par.expert_parallel_degree)
+        conversion.check_section(kind, cfg, listed, config.compile, config.parallelism)
 
 
 class FourOverSixTrainer(RoundingSeedPerStep, NonFiniteStop, Trainer):
