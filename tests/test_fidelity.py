@@ -1,4 +1,4 @@
-"""Fidelity metrics (modules/fidelity.py): the arithmetic, the operand roles against the op, the capture hooks on
+"""Fidelity metrics (modules/fidelity/): the arithmetic, the operand roles against the op, the capture hooks on
 converted modules, the training telemetry (integration/fidelity.py) and the CLI end to end on the CPU."""
 
 import json

@@ -4,7 +4,7 @@
         [--steps-of-training N] [--out DIR] [--section.key value ...]
 
 Why: whether 4/6 trains closer to bf16 than NVFP4 is lost in seed noise at this size; these deterministic,
-per-GEMM metrics (titan_fp4six/modules/fidelity.py defines them) show where each format loses. The recipe's model
+per-GEMM metrics (titan_fp4six/modules/fidelity/ defines them) show where each format loses. The recipe's model
 is built through torchtitan's Trainer (the recipe's converters say which layers are measured and with which
 recipe), optionally loaded from a checkpoint folder and/or trained N steps, then one batch of the recipe's data
 runs forward and backward as the bf16 twin would (converted modules compute their unconverted forward) while

@@ -1,4 +1,4 @@
-"""Fidelity telemetry in training: every `fidelity_every` steps, the per-GEMM metrics of modules/fidelity.py for
+"""Fidelity telemetry in training: every `fidelity_every` steps, the per-GEMM metrics of modules/fidelity/ for
 that step's batch, logged through torchtitan's loggers (tensorboard / wandb).
 
 Why: the CLI (`python -m titan_fp4six.fidelity`) measures one model state; this shows how each layer's NVFP4 and
