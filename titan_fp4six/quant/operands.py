@@ -52,7 +52,7 @@ class RoleQuantizer:
     def __init__(self, spec: OperandSpec, backends: Backends, counted: bool = False):
         self.spec, self.backends, self.counted = spec, backends, counted
         self.quantizer, self.decode, self.bound = backends.quantizer, not backends.fp4, spec.scale_bound
-        self.base = spec.untransformed  # what quantizes after the role's transform
+        self.base = spec if spec.transform == "none" else spec.untransformed  # what quantizes after the transform
         self.stochastic = spec.rounding == "stochastic"
 
     def __repr__(self) -> str:
@@ -151,9 +151,8 @@ def gemm_quantizers(key: str, grouped: bool, device: torch.device) -> GemmQuanti
     built once per (key, grouped, device), what every op call after the first reads."""
     plan = registered_plan(key, grouped)
     b = backends_for(plan.quantizer, plan.gemm, device)
-
-    def role(spec: OperandSpec | None, counted: bool = False) -> RoleQuantizer | None:
-        return None if spec is None else RoleQuantizer(spec, b, counted)
-
-    return GemmQuantizers(plan, b, role(plan.x, True), role(plan.w, True), role(plan.dy), role(plan.x_t),
-                          role(plan.w_t), role(plan.dy_t), plan.row_scaled)
+    x, w = RoleQuantizer(plan.x, b, counted=True), RoleQuantizer(plan.w, b, counted=True)  # the forward's count
+    if plan.backward != "quantized":
+        return GemmQuantizers(plan, b, x, w, None, None, None, None, plan.row_scaled)
+    return GemmQuantizers(plan, b, x, w, RoleQuantizer(plan.dy, b), RoleQuantizer(plan.x_t, b),
+                          RoleQuantizer(plan.w_t, b), RoleQuantizer(plan.dy_t, b), plan.row_scaled)
