@@ -24,7 +24,7 @@ def _layer(relative: Path) -> int:
     return LAYERS.get(relative.parts[0], 5)
 
 
-def walk(quantizer: str, rows: int) -> list[tuple[str, str]]:
+def walk(quantizer: str, rows: int, warm: bool = False) -> list[tuple[str, str]]:
     import titan_fp4six
     from titan_fp4six import FourOverSixRecipe, four_over_six_linear
 
@@ -35,7 +35,7 @@ def walk(quantizer: str, rows: int) -> list[tuple[str, str]]:
     w = torch.randn(64, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
     out = four_over_six_linear(x, w, recipe=recipe)
     dy = torch.randn_like(out)
-    for module in [m for name, m in sys.modules.items() if name.startswith("titan_fp4six.")]:
+    for module in [m for name, m in sys.modules.items() if name.startswith("titan_fp4six.") and not warm]:
         for value in list(vars(module).values()):  # a first call of a new key: every stored resolution redone
             if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "") == module.__name__:
                 value.cache_clear()
@@ -67,8 +67,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quantizer", default="reference", choices=("reference", "auto"))
     parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--warm", action="store_true", help="keep what the forward resolved (a later call's walk)")
     args = parser.parse_args(argv)
-    stops = walk(args.quantizer, args.rows)
+    stops = walk(args.quantizer, args.rows, args.warm)
     layers = [_layer(Path(f)) for f, _ in stops]
     climbs = sum(b > a for a, b in zip(layers, layers[1:]))
     for f, name in stops:
