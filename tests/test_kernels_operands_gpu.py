@@ -166,7 +166,8 @@ def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
 def test_map6_only_kernels_match_reference(dtype):
     """choose=False (an operand outside the recipe's scope): row-major, fused and columnwise kernels keep
     map-to-6 in every block, bitwise equal to the reference, edge data included."""
-    from titan_fp4six.quant.quantize import run_quantize, run_quantize_columnwise
+    from titan_fp4six.quant.primitives import pick
+    from titan_fp4six.quant.quantize import QUANTIZE_COLUMNWISE, run_quantize
     from titan_fp4six.numerics import reference
 
     g = torch.Generator().manual_seed(5)
@@ -194,7 +195,7 @@ def test_map6_only_kernels_match_reference(dtype):
     amax = x.float().nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().amax()
     padded = torch.nn.functional.pad(x, (0, 0, 0, 8)).t().contiguous()
     want = reference.four_over_six_reference(padded, amax, "1x16", "mse", 256, choose=False)
-    got = run_quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, False), "triton", False)
+    got = pick(QUANTIZE_COLUMNWISE, "triton", x)(x, amax, four_over_six_spec("1x16", "mse", 256, False), False)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
 
 

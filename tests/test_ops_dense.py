@@ -124,9 +124,9 @@ def test_backward_decodes_the_weight_tiles_with_the_recipes_quantizer(monkeypatc
     (quantizer='reference' must mean the reference everywhere, not only in the quantizers)."""
     from titan_fp4six.quant import operands
     seen = []
-    decode = operands.run_decode_block_scaled
-    monkeypatch.setattr(operands, "run_decode_block_scaled",
-                        lambda codes, scales, quantizer: seen.append(quantizer) or decode(codes, scales, quantizer))
+    pick = operands.pick
+    monkeypatch.setattr(operands, "pick", lambda primitive, quantizer, *inputs: (
+        seen.append(quantizer) if primitive is operands.DECODE else None) or pick(primitive, quantizer, *inputs))
     x, w = torch.randn(32, 64, requires_grad=True), torch.randn(48, 64, requires_grad=True)
     four_over_six_linear(x, w, recipe=FourOverSixRecipe(quantizer="reference")).sum().backward()
     assert seen == ["reference"]

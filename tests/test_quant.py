@@ -1,5 +1,6 @@
-"""The quant layer's public entry points: the public quantizers are opaque custom ops under torch.compile (compiled code gets the
-eager bytes), fake implementations agree with the real ones, and the `quantizer` choice is honoured."""
+"""The quant layer's public entry points: the public quantizers are opaque custom ops under torch.compile
+(compiled code gets the eager bytes), fake implementations agree with the real ones, and the `quantizer` choice
+is honoured."""
 
 import pytest
 import torch
@@ -134,17 +135,20 @@ def test_quantizer_choice_on_cuda(monkeypatch, caplog):
 def test_columnwise_reference_quantizes_the_zero_padded_transpose():
     """Where no kernel runs, the columnwise operands are the reference on x^T padded with zero columns to a
     multiple of 16 (what the kernel reads in place), with a map-to-6-only variant for operands out of scope."""
-    from titan_fp4six.quant.quantize import run_quantize_columnwise
     from titan_fp4six.numerics import reference
     from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec
+    from titan_fp4six.quant.backends import Backends
+    from titan_fp4six.quant.operands import RoleQuantizer
 
     x, amax = _inputs(False, nan=False, rows=37, cols=48)
     xt = torch.cat([x, x.new_zeros(11, 48)]).t().contiguous()  # 37 rows -> 48
     for choose in (True, False):
-        got = run_quantize_columnwise(x, amax, four_over_six_spec("1x16", "mse", 256, choose), "reference", True)
+        spec = four_over_six_spec("1x16", "mse", 256, choose)
+        got, _ = RoleQuantizer(spec, Backends("reference", False)).columns(x, amax)
         want = reference.four_over_six_reference(xt, amax, "1x16", "mse", 256, choose)
-        _assert_same_bytes(got[:3], want)
-        _assert_same_bytes(got[3:], (reference.decode_block_scaled_reference(want[0], want[1]),))
-    codes, scales, _, dec = run_quantize_columnwise(x, amax, NVFP4, "reference", False)
+        _assert_same_bytes((got.codes, got.scales), want[:2])
+        _assert_same_bytes((got.decoded,), (reference.decode_block_scaled_reference(want[0], want[1]),))
+    op, _ = RoleQuantizer(NVFP4, Backends("reference", True)).columns(x, amax)  # real FP4 GEMMs: no decode
+    codes, scales, dec = op.codes, op.scales, op.decoded
     _assert_same_bytes((codes, scales), reference.nvfp4_reference(xt, amax))
     assert dec is None and codes.shape == (48, 24)

@@ -11,9 +11,10 @@ from tests.helpers.interpreter import configs_checked
 from tests.helpers.rht_cases import REALISTIC, edge_matrix, realistic, same_bits
 from tests.helpers.rht_oracle import TE_SIGNS, exact_blocks, te_rht_columns, te_rht_last_dim, te_rht_matrix
 from titan_fp4six import FourOverSixRecipe, four_over_six_mm
-from titan_fp4six.quant.quantize import run_quantize, run_quantize_columnwise
+from titan_fp4six.quant.quantize import run_quantize, run_quantize_token_blocks
 from titan_fp4six.numerics.formats import RHT_SIGNS
 from titan_fp4six.numerics.hadamard import rht16_blocks, rht16_columns_reference
+from titan_fp4six.numerics.groups import TokenBlocks
 from titan_fp4six.numerics.spec import NVFP4, OperandSpec
 from titan_fp4six.quant.recipe import registered_plan
 
@@ -171,8 +172,9 @@ def test_spec_transform_values():
     x = torch.randn(32, 32)
     with pytest.raises(ValueError, match="run_quantize takes untransformed specs"):
         run_quantize(x, x.abs().amax(), OperandSpec(transform="rht16"), "reference", False)
-    with pytest.raises(ValueError, match="run_quantize_columnwise takes untransformed specs"):
-        run_quantize_columnwise(x, x.abs().amax(), OperandSpec(transform="rht16"), "reference", False)
+    with pytest.raises(ValueError, match="run_quantize_token_blocks takes untransformed specs"):
+        run_quantize_token_blocks(x, TokenBlocks.of(torch.tensor([32], dtype=torch.int32), 32), x.abs().amax().view(1),
+                                  OperandSpec(transform="rht16"), "reference", False)
 
 
 def test_transformed_operand_has_the_transformed_amax():

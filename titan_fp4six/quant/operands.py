@@ -21,7 +21,7 @@ from .amax import run_column_amax, run_group_column_amax, run_tensor_amax, run_t
 from .backends import Backends, backends_for
 from .process_state import GRADIENT_ROUNDING, MAP4_STATS
 from .primitives import pick
-from .quantize import (QUANTIZE, run_decode_block_scaled, run_quantize_columnwise, run_quantize_token_blocks,
+from .quantize import (DECODE, QUANTIZE, QUANTIZE_COLUMNWISE, padded_transpose, run_quantize_token_blocks,
                        run_rht16_columns, run_rht16_token_blocks)
 from .recipe import GemmPlan, registered_plan
 
@@ -39,7 +39,7 @@ class Operand:
         """e2m1 value * block scale in bf16 (exact), the emulated GEMM's input; decoded here (by the resolved
         `quantizer`) unless the quantizer wrote it already."""
         if self.decoded is None:
-            self.decoded = run_decode_block_scaled(self.codes, self.scales, quantizer)
+            self.decoded = pick(DECODE, quantizer, self.codes, self.scales)(self.codes, self.scales)
         return self.decoded
 
 
@@ -79,8 +79,13 @@ class RoleQuantizer:
         if row_scaled:
             amax = run_column_amax(x)
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
-        codes, scales, _, decoded = run_quantize_columnwise(x, amax, self.base, self.quantizer, self.decode, False,
-                                                            seed)
+        if amax.dim() == 0:  # the kernel reads x in place (the reference quantizes the zero-padded transpose)
+            quantize = pick(QUANTIZE_COLUMNWISE, self.quantizer, x)
+            codes, scales, _, decoded = quantize(x, amax, self.base, self.decode, False, seed)
+        else:  # one amax per row of x^T: the zero-padded transpose, quantized along its rows
+            xt = padded_transpose(x)
+            quantize = pick(QUANTIZE, self.quantizer, xt)
+            codes, scales, _, decoded = quantize(xt, amax, self.base, self.decode, False, None, False, seed)
         return Operand(codes, scales, decoded), amax
 
     def token_blocks(self, x: Tensor, tb: TokenBlocks, amax: Tensor, group_of_row: Tensor) -> tuple[Operand, Tensor]:

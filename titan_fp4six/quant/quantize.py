@@ -111,18 +111,6 @@ def _check_untransformed(spec: OperandSpec, name: str) -> None:
                          "operand first: RoleQuantizer.columns / token_blocks)")
 
 
-def run_quantize_columnwise(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str, decode: bool,
-                            map4: bool = True, seed: int | None = None):
-    """x^T for a 2-D x (M, K) quantized by a 1x16 `spec`, blocked along M: as run_quantize, of shape
-    (K, ceil16(M) ...). With a per-tensor amax the kernel reads x in place (the reference quantizes the
-    zero-padded transpose, same bytes); with one amax per row of x^T (K,) the zero-padded transpose is made and
-    quantized rowwise. A stochastic spec's random bits follow the element index in x^T as quantized."""
-    _check_untransformed(spec, "run_quantize_columnwise")
-    if amax.dim() == 0:
-        return pick(QUANTIZE_COLUMNWISE, quantizer, x)(x, amax, spec, decode, map4, seed)
-    return run_quantize(padded_transpose(x), amax, spec, quantizer, decode, map4=map4, seed=seed)
-
-
 def run_quantize_token_blocks(x: torch.Tensor, blocks: TokenBlocks, amax: torch.Tensor, spec: OperandSpec,
                               quantizer: str, decode: bool, seed: int | None = None):
     """(codes (C, P/2), scales (C, P/16), bf16 decode (C, P) or None): the grouped wgrad's columnwise operand of

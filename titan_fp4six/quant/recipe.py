@@ -110,10 +110,7 @@ class GemmPlan:
     dy_t: OperandSpec | None
     quantizer: str
     gemm: str
-
-    @property
-    def row_scaled(self) -> bool:
-        return self.x.scaling == "row"
+    row_scaled: bool  # activation_scaling='row': x's amax per row
 
 
 def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
@@ -147,12 +144,12 @@ def resolve_plan(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan:
                          "wgrad_rht=False")
     key = recipe.key if backward == recipe.backward else replace(recipe, backward=backward).key
     if not quantized:
-        return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm)
+        return GemmPlan(key, backward, x, w, None, None, None, None, recipe.quantizer, recipe.gemm, row)
     dy = NVFP4_STOCHASTIC if recipe.stochastic else NVFP4
     dy = replace(dy, scaling="group") if grouped else dy  # grouped: one amax per token group
     rht = "rht16" if recipe.wgrad_rht else "none"  # x_t and dy_t: the wgrad GEMM's operands
     return GemmPlan(key, backward, x, w, dy, replace(x, transform=rht), w, replace(dy, transform=rht),
-                    recipe.quantizer, recipe.gemm)
+                    recipe.quantizer, recipe.gemm, row)
 
 
 def _plan_or_none(recipe: FourOverSixRecipe, grouped: bool) -> GemmPlan | None:
