@@ -45,28 +45,36 @@ def check_world_size(parallelism, world_size: int) -> None:
                          "lower the degrees")
 
 
-def prepare_process() -> None:
-    """What both launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
-    twins alike (so their ratios share the settings): the allocator's expandable segments (before any CUDA
-    allocation), the CPU patches without a GPU, the rendezvous of one rank, backward on this thread, and the
-    embedded corpus and the plugin's flavors (also for recipes without the plugin's config module); bad
-    environment overrides (TITAN_FP4SIX_QUANTIZER, TITAN_FP4SIX_EMULATE) stop it before anything starts."""
+def prepare_process(series: str = "0.2") -> None:
+    """What the launchers (this one and ``titan_fp4six.rl``) do before torchtitan starts, for 4/6 runs and bf16
+    twins alike (so their ratios share the settings): bad environment overrides (TITAN_FP4SIX_QUANTIZER,
+    TITAN_FP4SIX_EMULATE) stop it before anything starts; the allocator's expandable segments (before any CUDA
+    allocation), the CPU patches without a GPU, the rendezvous of one rank, backward on this thread. torchtitan
+    0.2 (`series`): the embedded corpus and the plugin's flavors (also for recipes without the plugin's config
+    module); 0.3: its own CPU patches and what its torch lacks (compat), the registry adds the data."""
     from titan_fp4six.integration.allocator import expandable_segments_by_default
     from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
     from titan_fp4six.quant.backends import environment_overrides
 
     environment_overrides()
     expandable_segments_by_default()
-    if not torch.cuda.is_available():
+    if series == "0.3":
+        from titan_fp4six.integration.tt03 import compat, cpu
+
+        if not torch.cuda.is_available():
+            cpu.apply()
+        compat.apply()
+    elif not torch.cuda.is_available():
         from titan_fp4six.integration import cpu
 
         cpu.apply()
     _single_process_env()
     run_backward_on_calling_thread()
-    from titan_fp4six.integration import data, flavors  # after the CPU patches: torchtitan's models load here
+    if series == "0.2":
+        from titan_fp4six.integration import data, flavors  # after the CPU patches: torchtitan's models load here
 
-    data.register()
-    flavors.register()
+        data.register()
+        flavors.register()
 
 
 def check_before_training(job_config) -> None:
@@ -79,28 +87,11 @@ def check_before_training(job_config) -> None:
     check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
 
 
-def prepare_process_tt03() -> None:
-    """prepare_process for torchtitan 0.3: the same steps with its CPU patches and what its torch lacks (compat);
-    the registry adds the data."""
-    from titan_fp4six.integration.allocator import expandable_segments_by_default
-    from titan_fp4six.integration.backward_thread import run_backward_on_calling_thread
-    from titan_fp4six.quant.backends import environment_overrides
-    from titan_fp4six.integration.tt03 import compat, cpu
-
-    environment_overrides()
-    expandable_segments_by_default()
-    if not torch.cuda.is_available():
-        cpu.apply()
-    compat.apply()
-    _single_process_env()
-    run_backward_on_calling_thread()
-
-
 def main() -> None:
     from titan_fp4six.integration.version import series
 
     if series() == "0.3":
-        prepare_process_tt03()
+        prepare_process("0.3")
         from torchtitan.train import main as torchtitan_main
 
         return torchtitan_main()
