@@ -1,5 +1,5 @@
-"""OperandSpec: how one GEMM operand is quantized. The recipe resolves to one spec per operand role, the ops
-pass specs down, the dispatch layer quantizes a tensor by its spec and the Triton quantizer derives its
+"""OperandSpec: how one GEMM operand is quantized. The recipe resolves to one spec per operand role, its
+role quantizers (quant/operands.py) quantize a tensor by their spec and the Triton quantizer derives its
 compile-time flags from it, so a new way to quantize (a rounding, a transform) is added here first."""
 
 import functools

@@ -1,8 +1,9 @@
-"""The quantizers' run functions: each primitive's kernel or reference (primitives.pick), no argument checks.
+"""The quantize, transform and decode primitives (a kernel of kernels/quantize.py, hadamard.py or decode.py and
+its reference, which takes the kernel's arguments and returns the same bytes) and their run functions.
 
-The role quantizers (operands.py) call these on the ops' own, already validated operands (the hot path checks
-nothing twice); the public entry points in api.py check their arguments first. Every primitive's reference takes
-its kernel's arguments and returns the same bytes.
+Nothing here checks arguments: the role quantizers (operands.py) pick these primitives for the ops' own, already
+validated operands (the hot path checks nothing twice), and the public entry points in api.py check theirs before
+they call run_quantize / run_decode_block_scaled / run_dequantize.
 """
 
 import torch
