@@ -75,3 +75,14 @@ def test_only_the_quant_backends_name_the_kernels():
     assert {u for u in users if u.parts[0] != "kernels"} == {Path("quant/backends.py")}, users
     pickers = {p.relative_to(PACKAGE) for p in MODULES if "kernel_module(" in p.read_text()}
     assert pickers == {Path("quant/backends.py"), Path("quant/primitives.py")}, pickers
+
+
+def test_the_dense_backward_walk_stays_short():
+    """scripts.walk (docs/architecture.md): a new key's dense quantized backward goes op -> role quantizer -> pick ->
+    leaf, 56 package functions on the CPU path; a detour through the layers (a plan rebuilt from its key, a second
+    choice of kernel) shows here first."""
+    from scripts import walk
+
+    stops = walk.walk("reference", 32)
+    assert stops[0] == ("ops/dense.py", "dense_bwd") and ("quant/primitives.py", "pick") in stops
+    assert len(stops) <= 60, stops
