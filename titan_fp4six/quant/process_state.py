@@ -68,11 +68,6 @@ class GradientRoundingSeed:
         self.calls += 1
         return seed
 
-    def seed_for(self, spec) -> int | None:
-        """The quantization seed an operand spec needs: the next one when it rounds stochastically, else None
-        (no seed drawn)."""
-        return self.next() if spec.rounding == "stochastic" else None
-
 
 GRADIENT_ROUNDING = GradientRoundingSeed()
 

@@ -2,8 +2,8 @@
 its reference, which takes the kernel's arguments and returns the same bytes) and their run functions.
 
 Nothing here checks arguments: the role quantizers (operands.py) pick these primitives for the ops' own, already
-validated operands (the hot path checks nothing twice), and the public entry points in api.py check theirs before
-they call run_quantize / run_decode_block_scaled / run_dequantize.
+validated operands (the hot path checks nothing twice); the public entry points in api.py check theirs before
+they call run_quantize / run_decode_block_scaled / run_dequantize (the last also the ops' dequantized backward).
 """
 
 import torch
