@@ -152,3 +152,36 @@ def test_columnwise_reference_quantizes_the_zero_padded_transpose():
     codes, scales, dec = op.codes, op.scales, op.decoded
     _assert_same_bytes((codes, scales), reference.nvfp4_reference(xt, amax))
     assert dec is None and codes.shape == (48, 24)
+
+
+def _pick_all(primitives, table, quantizer, x) -> list[str]:
+    """What each primitive of `table` picked for x runs: its kernel or its reference."""
+    return [primitives.pick(p, quantizer, x)(x) for p in table]
+
+
+def test_pick_owns_the_choice_of_kernel_or_reference(monkeypatch):
+    """primitives.pick: the reference for quantizer='reference' and while torch.compile traces; with 'auto' the
+    kernel where both predicates take the inputs, else the reference; with 'triton' an error there, except for a
+    primitive whose reference is only slower (strict=False)."""
+    from types import SimpleNamespace
+
+    from titan_fp4six.quant import primitives
+
+    taken = {"x": True}
+    fake = SimpleNamespace(eligible=lambda x: taken["x"], run=lambda x: "kernel")
+    monkeypatch.setattr(primitives, "kernel_module", lambda name: fake)
+    reference = lambda x: "reference"  # noqa: E731
+    strict = primitives.Primitive("fake", "fake", "run", reference)
+    lenient = primitives.Primitive("fake", "fake", "run", reference, takes=lambda x: x.numel() > 0, strict=False)
+    x = torch.ones(2)
+    assert _pick_all(primitives, (strict, lenient), "auto", x) == ["kernel", "kernel"]
+    assert _pick_all(primitives, (strict, lenient), "reference", x) == ["reference", "reference"]
+    assert _pick_all(primitives, (lenient,), "triton", torch.ones(0)) == ["reference"]  # `takes` refuses: not strict
+    taken["x"] = False
+    assert _pick_all(primitives, (strict, lenient), "auto", x) == ["reference", "reference"]
+    assert _pick_all(primitives, (lenient,), "triton", x) == ["reference"]
+    with pytest.raises(ValueError, match="quantizer='triton': the fake kernel does not take x"):
+        primitives.pick(strict, "triton", x)
+    taken["x"] = True
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _pick_all(primitives, (strict, lenient), "triton", x) == ["reference", "reference"]
