@@ -16,7 +16,7 @@ from ...ops import FourOverSixRecipe
 from ...quant import four_over_six_quantize, group_amax, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from ...quant.amax import run_expert_amax, run_token_groups
 from ...quant.grad_operands import dense_grad_operands, grouped_grad_operands
-from ...quant.operands import Operand, gemm_quantizers
+from ...quant.operands import GemmQuantizers, Operand, gemm_quantizers
 from ...quant.process_state import MAP4_STATS
 from ...quant.quantize import padded_transpose, run_rht16_columns
 from ...quant.recipe import GemmPlan
@@ -106,11 +106,12 @@ def quantized_backward_operands(dy: torch.Tensor, x: torch.Tensor, w: torch.Tens
     gq = gemm_quantizers(p.key, grouped, dy.device)
     with MAP4_STATS.paused():  # the forward's tiles, quantized again here, are no training forward
         if not grouped:
-            return _dense_backward_operands(dy, x, w, p, gq)
-        return _grouped_backward_operands(dy, x, w, offs, p, gq)
+            return _dense_backward_operands(dy, x, w, gq)
+        return _grouped_backward_operands(dy, x, w, offs, gq)
 
-def _dense_backward_operands(dy, x, w, p: GemmPlan, gq) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    q = gq.backends.quantizer
+
+def _dense_backward_operands(dy, x, w, gq: GemmQuantizers) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    p, q = gq.plan, gq.backends.quantizer
     w_amax = tensor_amax(w)
     tiles = gq.w.rows(w, w_amax) if p.w_t.block == "16x16" else None  # the forward's tiles
     x_amax = tensor_amax(x)  # the forward's; a row-scaled x^T takes its column amaxes in the builder
@@ -121,8 +122,8 @@ def _dense_backward_operands(dy, x, w, p: GemmPlan, gq) -> dict[str, tuple[torch
             "wT": (_columnwise_pair(w, g.w_t, w_amax, p.w_t, q) if p.w_t.block == "1x16" else
                    (w.t(), _dequantized(g.w_t, _row_factors(w_amax, w.shape[1], p.w_t.scale_bound), q)))}
 
-def _grouped_backward_operands(dy, x, w, offs, p: GemmPlan, gq) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    q = gq.backends.quantizer
+def _grouped_backward_operands(dy, x, w, offs, gq: GemmQuantizers) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    p, q = gq.plan, gq.backends.quantizer
     experts, n, k = w.shape
     w_rows = w.reshape(experts * n, k)
     w_amax = run_expert_amax(w_rows, experts, q)
