@@ -85,7 +85,7 @@ def _fake_codes(t: Tensor, rows: int, k: int) -> tuple[Tensor, Tensor]:
 def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax, q: GemmQuantizers, x_dtype,
                      w_dtype, need_dx, need_dw):
     """Backward 'quantized': dgrad = Q(dy) x Q_col(W); wgrad = Q_col(dy)^T x Q_col(x), the operands of
-    grad_operands.dense_grad_operands; a row-scaled x^T's product computed as (Q_col(x) x Q_col(dy)^T)^T so
+    quant.grad_operands.dense_grad_operands; a row-scaled x^T's product computed as (Q_col(x) x Q_col(dy)^T)^T so
     that its per-row factor sits on the GEMM's row-scaled side."""
     g = dense_grad_operands(dy, x, weight, Operand(w_codes, w_scales, w_decoded), x_amax, w_amax, q, need_dx,
                             need_dw)
@@ -95,7 +95,8 @@ def _quantized_grads(dy, x, weight, w_codes, w_scales, w_decoded, x_amax, w_amax
         dx = gemm_nt(g.dy, g.dy_amax, q.dy.bound, g.w_t, w_amax, q.w_t.bound, x_dtype, b)
     if need_dw:
         if q.row_scaled:
-            dw = gemm_nt(g.x_t, g.x_t_amax, q.x_t.bound, g.dy_t, g.dy_t_amax, q.dy_t.bound, w_dtype, b).t().contiguous()
+            dw = gemm_nt(g.x_t, g.x_t_amax, q.x_t.bound, g.dy_t, g.dy_t_amax, q.dy_t.bound, w_dtype, b)
+            dw = dw.t().contiguous()
         else:
             dw = gemm_nt(g.dy_t, g.dy_t_amax, q.dy_t.bound, g.x_t, g.x_t_amax, q.x_t.bound, w_dtype, b)
     return dx, dw

@@ -105,8 +105,8 @@ def _quantized_grads(dy, A, B_t, offs, group_of_row, empty_groups, a_amax, w_cod
                      q: GemmQuantizers, a_dtype, w_dtype, need_da, need_dw):
     """Backward 'quantized' of the grouped GEMM, per expert: dgrad dA = Q(dy) x Q_col(W_e), wgrad dW_e =
     Q_col(dy_e)^T x Q_col(A_e) over the group's 16-token blocks (the padded group ends), the operands of
-    quant.grad_operands.grouped_grad_operands. Rows past offs[-1] are read by no amax and no GEMM: zero dA rows; empty
-    groups: zero dW."""
+    quant.grad_operands.grouped_grad_operands. Rows past offs[-1] are read by no amax and no GEMM: zero dA rows;
+    empty groups: zero dW."""
     g = grouped_grad_operands(dy, A, B_t, offs, group_of_row, a_amax, Operand(w_codes, w_scales, w_decoded), w_amax,
                               q, need_da, need_dw)
     dA = dW = dy.new_empty(0)
