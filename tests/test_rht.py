@@ -129,11 +129,11 @@ def test_kernel_matches_reference_under_the_interpreter():
     assert configs_checked("interp_rht", 300) >= 30
 
 
-@pytest.mark.parametrize("token_blocks", [False, True])
+@pytest.mark.parametrize("token_blocks, amax", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("kind, pointer", [(0, "*i32"), (1, "*i16"), (2, "*i16")])
-def test_kernel_code_rounds_every_operation_on_its_own(kind, pointer, token_blocks):
+def test_kernel_code_rounds_every_operation_on_its_own(kind, pointer, token_blocks, amax):
     """Compiled ahead of time for Hopper (sm_90) on the CPU (fp32, bf16, fp16 input; x^T or the grouped wgrad's
-    token blocks): the PTX's FP32 arithmetic is the 16 multiplies by +-0.25 and the butterfly's 64 adds and
+    token blocks; with and without the amaxes, which are integer maxima of bit patterns): the PTX's FP32 arithmetic is the 16 multiplies by +-0.25 and the butterfly's 64 adds and
     subtracts (a negation folds into them exactly), each .rn, none flushing subnormals (.ftz), no FMA."""
     import re
 
@@ -143,9 +143,9 @@ def test_kernel_code_rounds_every_operation_on_its_own(kind, pointer, token_bloc
 
     from titan_fp4six.kernels.hadamard import _NEG_MASK, BLOCK_K, _rht16_columns_kernel
 
-    constexprs = dict(KIND=kind, NEG=_NEG_MASK, BK=BLOCK_K, TOKEN_BLOCKS=token_blocks)
-    signature = {"x_ptr": pointer, "blocks_ptr": "*i32", "out_ptr": pointer, "M": "i32", "K": "i32", "stride": "i32",
-                 "NBLK": "i32", **{k: "constexpr" for k in constexprs}}
+    constexprs = dict(KIND=kind, NEG=_NEG_MASK, BK=BLOCK_K, TOKEN_BLOCKS=token_blocks, AMAX=amax)
+    signature = {"x_ptr": pointer, "blocks_ptr": "*i32", "out_ptr": pointer, "amax_ptr": "*i32", "M": "i32",
+                 "K": "i32", "stride": "i32", "NBLK": "i32", "E": "i32", **{k: "constexpr" for k in constexprs}}
     try:
         compiled = triton.compile(ASTSource(fn=_rht16_columns_kernel, signature=signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
@@ -320,7 +320,9 @@ def test_toml_knob_loads_and_validates(tmp_path):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gpu_kernel_matches_reference(dtype):
-    from titan_fp4six.kernels.hadamard import rht16_columns
+    """The transform, and the pass taking both amaxes with it, against the reference on the GPU."""
+    from titan_fp4six.kernels.hadamard import rht16_columns, rht16_columns_amax
+    from titan_fp4six.numerics.reference import tensor_amax_reference
 
     g = torch.Generator().manual_seed(11)
     cases = [torch.randn(m, k, generator=g).to(dtype) for m, k in ((1, 16), (17, 48), (4096, 1024), (1000, 7168))]
@@ -328,15 +330,20 @@ def test_gpu_kernel_matches_reference(dtype):
     for x in cases:
         got = rht16_columns(x.cuda()).cpu()
         assert same_bits(got, rht16_columns_reference(x))
+        fused, amax = rht16_columns_amax(x.cuda())
+        assert same_bits(fused.cpu(), got)
+        assert same_bits(amax.cpu(), torch.stack((tensor_amax_reference(got), tensor_amax_reference(x))))
         assert same_bits(rht16_columns_reference(x.cuda()).cpu(), rht16_columns_reference(x))
 
 
 @cuda
 def test_gpu_token_block_kernel_matches_reference():
     """The transform reading the grouped wgrad's token blocks in place against the transform of the gathered
-    layout: empty, short and long groups, NaN past offs[-1], realistic sizes."""
-    from titan_fp4six.kernels.hadamard import rht16_token_blocks
+    layout, and its per-group amaxes (transformed, untransformed) against the token groups': empty, short and
+    long groups, NaN past offs[-1], realistic sizes."""
+    from titan_fp4six.kernels.hadamard import rht16_token_blocks_amax
     from titan_fp4six.numerics.groups import TokenBlocks
+    from titan_fp4six.quant.amax import token_groups_amax_reference
 
     g = torch.Generator().manual_seed(12)
     for ends, (m, k) in (([0, 12, 12, 30, 47], (50, 48)), ([1000, 1000, 3001, 4000], (4096, 2048))):
@@ -345,8 +352,12 @@ def test_gpu_token_block_kernel_matches_reference():
             x[ends[-1]:] = float("nan")
             blocks = TokenBlocks.of(torch.tensor(ends, dtype=torch.int32), m)
             want = rht16_columns_reference(blocks.gather(x))
-            got = rht16_token_blocks(x.cuda(), TokenBlocks.of(torch.tensor(ends, dtype=torch.int32).cuda(), m))
+            got, amax = rht16_token_blocks_amax(x.cuda(), TokenBlocks.of(torch.tensor(ends, dtype=torch.int32).cuda(),
+                                                                         m))
             assert same_bits(got.cpu(), want)
+            offs = torch.tensor(ends, dtype=torch.int32)
+            assert same_bits(amax.cpu(), torch.stack((token_groups_amax_reference(want, blocks.ends),
+                                                      token_groups_amax_reference(x, offs))))
 
 
 @cuda

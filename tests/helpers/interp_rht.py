@@ -13,6 +13,7 @@ from titan_fp4six.numerics.hadamard import rht16_columns_reference
 from titan_fp4six.numerics.groups import TokenBlocks
 from titan_fp4six.numerics.reference import four_over_six_reference, nvfp4_reference, tensor_amax_reference
 from titan_fp4six.numerics.spec import OperandSpec
+from titan_fp4six.quant.amax import token_groups_amax_reference
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -33,21 +34,32 @@ def main() -> int:
     configs = 0
     for name, x in _transform_cases():
         got, want = kh.rht16_columns(x), rht16_columns_reference(x)
-        if not same_bits(got, want):
+        fused, amax = kh.rht16_columns_amax(x)  # the same pass taking max |output| and max |input|
+        want_amax = torch.stack((tensor_amax_reference(want), tensor_amax_reference(x)))
+        if not (same_bits(got, want) and same_bits(fused, want) and same_bits(amax, want_amax)):
             print(f"MISMATCH transform {name}")
             return 1
         configs += 1
     # the grouped wgrad's token-block layout read in place (empty groups, a group under 16 tokens, rows past
-    # offs[-1] holding NaN that no block reads), against the transform of the gathered layout
+    # offs[-1] holding NaN that no block reads, a NaN token, the largest values), against the transform of the
+    # gathered layout; the per-group amaxes against the transformed layout's and x's token groups'
     g = torch.Generator().manual_seed(2)
-    for ends in ([0, 12, 12, 30, 47], [50]):
-        x = torch.randn(50, 48, generator=g).bfloat16()
-        x[ends[-1]:] = float("nan")
-        blocks = TokenBlocks.of(torch.tensor(ends, dtype=torch.int32), x.shape[0])
-        if not same_bits(kh.rht16_token_blocks(x, blocks), rht16_columns_reference(blocks.gather(x))):
-            print(f"MISMATCH token blocks {ends}")
-            return 1
-        configs += 1
+    for dtype in DTYPES:
+        for ends in ([0, 12, 12, 30, 47], [50], [3, 20, 20, 50]):
+            x = (torch.randn(50, 48, generator=g) * torch.exp(3 * torch.randn(50, 48, generator=g))).to(dtype)
+            x[ends[-1]:] = float("nan")
+            if len(ends) == 4:
+                x[7, 5], x[25, 40] = float("nan"), torch.finfo(dtype).max
+            offs = torch.tensor(ends, dtype=torch.int32)
+            blocks = TokenBlocks.of(offs, x.shape[0])
+            got, amax = kh.rht16_token_blocks_amax(x, blocks)
+            want = rht16_columns_reference(blocks.gather(x))
+            want_amax = torch.stack((token_groups_amax_reference(want, blocks.ends),
+                                     token_groups_amax_reference(x, offs)))
+            if not (same_bits(got, want) and same_bits(amax, want_amax)):
+                print(f"MISMATCH token blocks {dtype} {ends}")
+                return 1
+            configs += 1
     # the transformed columnwise operand: kernel transform -> amax -> columnwise quantizer, against the reference
     g = torch.Generator().manual_seed(1)
     for spec in (OperandSpec(transform="rht16"), OperandSpec("6", transform="rht16"),

@@ -27,6 +27,11 @@ def _token_groups_reference(x: torch.Tensor, offs: torch.Tensor,
     return buckets.scatter_reduce(0, group, rows, reduce="amax", include_self=True)[:-1], group, empty
 
 
+def token_groups_amax_reference(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """max |x| per token group (E,) of x's rows by inclusive group ends offs (rows at or past offs[-1] dropped)."""
+    return _token_groups_reference(x, offs, False)[0]
+
+
 def _rows_taken(x: torch.Tensor) -> bool:
     return x.numel() > 0 and x.stride(-1) == 1
 

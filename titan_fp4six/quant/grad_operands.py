@@ -5,7 +5,8 @@ transforms and stochastic seeds by construction.
 Four operands besides the forward's x and W: dy (dgrad's left side, blocked along N), W^T (dgrad's right side:
 the forward's 16x16 tiles transposed, or W re-quantized columnwise), dy^T and x^T (the wgrad's, blocked along the
 tokens; transformed with wgrad_rht). A stochastically rounded dy takes one seed from GRADIENT_ROUNDING per
-quantization, dgrad's dy first, then wgrad's dy^T.
+quantization, dgrad's dy first, then wgrad's dy^T. With a transformed dy^T the transform runs first: its pass
+over dy also takes dy's own amax, which dgrad's dy then needs no second read for.
 """
 
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from torch import Tensor
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.groups import RowGroups, TokenBlocks
 from .amax import run_tensor_amax, run_token_groups
-from .operands import GemmQuantizers, Operand
+from .operands import GemmQuantizers, Operand, Transformed
 
 
 class GradOperands(NamedTuple):
@@ -37,19 +38,27 @@ class GradOperands(NamedTuple):
     tokens: TokenBlocks | None = None
 
 
+def _source_amax(transformed: Transformed | None, compute) -> Tensor:
+    """dy's amax from its transform's pass where that took it, else compute()."""
+    if transformed is not None and transformed.source_amax is not None:
+        return transformed.source_amax
+    return compute()
+
+
 def dense_grad_operands(dy: Tensor, x: Tensor, weight: Tensor | None, w_tiles: Operand | None, x_amax: Tensor,
                         w_amax: Tensor, q: GemmQuantizers, need_dx: bool, need_dw: bool) -> GradOperands:
     """A dense GEMM's: dy by q.dy with its own per-tensor amax; W^T by q.w_t with the forward's amax (w_tiles:
     the forward's 16x16 tiles, transposed; else `weight` quantized columnwise); dy^T by q.dy_t and x^T by q.x_t,
     columnwise along M (RoleQuantizer.columns: the forward's amax, or x's column amax when row-scaled, or the
     transformed tensors' with wgrad_rht)."""
-    dy_amax = run_tensor_amax(dy, q.backends.quantizer)
+    dy_rht = q.dy_t.transform_columns(dy) if need_dw else None
+    dy_amax = _source_amax(dy_rht, lambda: run_tensor_amax(dy, q.backends.quantizer))
     dyq = w_t = dy_t = dy_t_amax = x_t = x_t_amax = None
     if need_dx:
         w_t = q.w_t.transposed_tiles(w_tiles) if q.w_t.spec.block == "16x16" else q.w_t.columns(weight, w_amax)[0]
         dyq = q.dy.rows(dy, dy_amax)
     if need_dw:
-        dy_t, dy_t_amax = q.dy_t.columns(dy, dy_amax)
+        dy_t, dy_t_amax = q.dy_t.columns(dy, dy_amax, dy_rht)
         x_t, x_t_amax = q.x_t.columns(x, x_amax)
     return GradOperands(dyq, dy_amax, w_t, dy_t, dy_t_amax, x_t, x_t_amax)
 
@@ -64,8 +73,10 @@ def grouped_grad_operands(dy: Tensor, A: Tensor, B_t: Tensor | None, offs: Tenso
     amax, A^T by q.x_t with the forward's group amax or, row-scaled, the group's column amax; with wgrad_rht
     both transformed block by block first. Rows past offs[-1] are read by no amax."""
     experts, (rows, n) = offs.numel(), dy.shape
-    dy_amax = run_token_groups(dy, offs, False, q.backends.quantizer)[0]
-    dyq = w_t = dy_t = dy_t_amax = x_t = x_t_amax = tokens = None
+    tokens = TokenBlocks.of(offs, rows) if need_dw else None
+    dy_rht = q.dy_t.transform_token_blocks(dy, tokens) if need_dw else None
+    dy_amax = _source_amax(dy_rht, lambda: run_token_groups(dy, offs, False, q.backends.quantizer)[0])
+    dyq = w_t = dy_t = dy_t_amax = x_t = x_t_amax = None
     if need_da:
         pad_n = -n % BLOCK_SIZE  # 1x16 weights take any N: zero columns change no amax, code or product
         if q.w_t.spec.block == "16x16":
@@ -76,7 +87,6 @@ def grouped_grad_operands(dy: Tensor, A: Tensor, B_t: Tensor | None, offs: Tenso
         dy_rows = torch.nn.functional.pad(dy, (0, pad_n)) if pad_n else dy
         dyq = q.dy.rows(dy_rows, dy_amax, RowGroups(group_of_row, experts, amax_by_group=True))
     if need_dw:
-        tokens = TokenBlocks.of(offs, rows)
-        dy_t, dy_t_amax = q.dy_t.token_blocks(dy, tokens, dy_amax, group_of_row)
+        dy_t, dy_t_amax = q.dy_t.token_blocks(dy, tokens, dy_amax, group_of_row, dy_rht)
         x_t, x_t_amax = q.x_t.token_blocks(A, tokens, a_amax, group_of_row)
     return GradOperands(dyq, dy_amax, w_t, dy_t, dy_t_amax, x_t, x_t_amax, tokens)

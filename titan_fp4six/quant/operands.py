@@ -17,12 +17,12 @@ from torch import Tensor
 from ..numerics.formats import BLOCK_SIZE, pack_codes, unpack_codes
 from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
-from .amax import run_column_amax, run_group_column_amax, run_tensor_amax, run_token_groups
+from .amax import run_column_amax, run_group_column_amax
 from .backends import Backends, backends_for
 from .process_state import GRADIENT_ROUNDING, MAP4_STATS
 from .primitives import pick
 from .quantize import (DECODE, QUANTIZE, QUANTIZE_COLUMNWISE, padded_transpose, run_quantize_token_blocks,
-                       run_rht16_columns, run_rht16_token_blocks)
+                       run_rht16_columns, run_rht16_columns_amax, run_rht16_token_blocks_amax)
 from .recipe import GemmPlan, registered_plan
 
 
@@ -41,6 +41,17 @@ class Operand:
         if self.decoded is None:
             self.decoded = pick(DECODE, quantizer, self.codes, self.scales)(self.codes, self.scales)
         return self.decoded
+
+
+class Transformed(NamedTuple):
+    """An operand transformed ('rht16') in the layout its quantizer reads, with the amaxes the transform's pass
+    took: max |transformed| (per tensor, or per group for token blocks) and max |input| (the same), both None for
+    a row-scaled spec (its per-column amaxes come after). tokens: the token-block layout over x (token_blocks)."""
+
+    x: Tensor
+    amax: Tensor | None
+    source_amax: Tensor | None
+    tokens: TokenBlocks | None = None
 
 
 class RoleQuantizer:
@@ -67,15 +78,26 @@ class RoleQuantizer:
                                                                       map4, seed)
         return Operand(codes, scales, decoded)
 
-    def columns(self, x: Tensor, amax: Tensor | None = None) -> tuple[Operand, Tensor]:
+    def transform_columns(self, x: Tensor) -> Transformed | None:
+        """x's 16-row blocks transformed for columns() (None without a transform); one pass over x also takes
+        max |x|, which a caller quantizing x's rows too need not read again."""
+        if self.spec.transform == "none":
+            return None
+        if self.spec.scaling == "row":
+            return Transformed(run_rht16_columns(x, self.quantizer), None, None)
+        t, amaxes = run_rht16_columns_amax(x, self.quantizer)
+        return Transformed(t, amaxes[0], amaxes[1])
+
+    def columns(self, x: Tensor, amax: Tensor | None = None,
+                transformed: Transformed | None = None) -> tuple[Operand, Tensor]:
         """(operand of x^T (K, ceil16(M)), its amax) for a 2-D x (M, K), 1x16 blocks along M, zero rows up to
         ceil16(M): with the given per-tensor amax, read from x in place on CUDA; for a row-scaled spec one amax per
         row of x^T, x's column amax, computed here (per-token amaxes do not transpose); with a transform
-        ('rht16') every 16-row block transformed first and the amax the transformed tensor's (`amax` unused)."""
+        ('rht16') every 16-row block transformed first (`transformed`: transform_columns(x) if the caller ran it)
+        and the amax the transformed tensor's (`amax` unused)."""
         row_scaled = self.spec.scaling == "row"
         if self.spec.transform != "none":
-            x = run_rht16_columns(x, self.quantizer)
-            amax = None if row_scaled else run_tensor_amax(x, self.quantizer)
+            x, amax = (transformed or self.transform_columns(x))[:2]
         if row_scaled:
             amax = run_column_amax(x)
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
@@ -88,20 +110,29 @@ class RoleQuantizer:
             codes, scales, _, decoded = quantize(xt, amax, self.base, self.decode, False, None, False, seed)
         return Operand(codes, scales, decoded), amax
 
-    def token_blocks(self, x: Tensor, tb: TokenBlocks, amax: Tensor, group_of_row: Tensor) -> tuple[Operand, Tensor]:
+    def transform_token_blocks(self, x: Tensor, tb: TokenBlocks) -> Transformed | None:
+        """x's token rows laid out by `tb`, every 16-token block transformed, for token_blocks() (None without a
+        transform; a group's zero padding transforms with its tokens, blocks past the last group stay zeros); one
+        pass over x also takes its per-group amax, which a caller quantizing x's rows too need not read again."""
+        if self.spec.transform == "none":
+            return None
+        t, amaxes = run_rht16_token_blocks_amax(x, tb, self.quantizer)
+        if self.spec.scaling == "row":
+            return Transformed(t, None, None, tb.laid_out())
+        return Transformed(t, amaxes[0], amaxes[1], tb.laid_out())
+
+    def token_blocks(self, x: Tensor, tb: TokenBlocks, amax: Tensor, group_of_row: Tensor,
+                     transformed: Transformed | None = None) -> tuple[Operand, Tensor]:
         """(operand of x^T by 16-token blocks, its amaxes) for the grouped wgrad: x's token rows laid out by `tb`
         and quantized block by block (read in place on CUDA) with `amax` per group (E,), or for a row-scaled
         spec per group and column (E, C), computed here from x and group_of_row. With a transform ('rht16')
-        every 16-token block of the layout is transformed first (a group's zero padding with its tokens; blocks
-        past the last group stay zeros) and the amaxes are the transformed layout's (`amax` unused)."""
+        every 16-token block of the layout is transformed first (`transformed`: transform_token_blocks(x, tb) if
+        the caller ran it) and the amaxes are the transformed layout's (`amax` unused)."""
         experts = tb.ends.numel()
         if self.spec.transform != "none":
-            x = run_rht16_token_blocks(x, tb, self.quantizer)  # (P, C), already in the layout
-            tb = tb.laid_out()
+            x, amax, _, tb = transformed or self.transform_token_blocks(x, tb)
             if self.spec.scaling == "row":
                 amax = run_group_column_amax(x, tb.block_group.repeat_interleave(BLOCK_SIZE), experts)
-            else:  # the groups' padded ends delimit their blocks; positions past the last end belong to no group
-                amax = run_token_groups(x, tb.ends, False, self.quantizer)[0]
         elif self.spec.scaling == "row":
             amax = run_group_column_amax(x, group_of_row, experts)
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None

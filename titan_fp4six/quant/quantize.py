@@ -14,6 +14,7 @@ from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.hadamard import rht16_columns_reference
 from ..numerics.spec import OperandSpec
 from ..numerics.validation import check_amax_covers, check_seed
+from .amax import token_groups_amax_reference
 from .primitives import Primitive, pick
 
 
@@ -77,9 +78,22 @@ QUANTIZE_COLUMNWISE = Primitive("columnwise quantize", "quantize", "quantize_col
                                 eligible="eligible_columnwise")
 QUANTIZE_TOKEN_BLOCKS = Primitive("token-block quantize", "quantize", "quantize_token_blocks",
                                   _token_blocks_reference, eligible="eligible_columnwise")
+def _rht16_columns_amax_reference(x):
+    t = rht16_columns_reference(x)
+    return t, torch.stack((reference.tensor_amax_reference(t), reference.tensor_amax_reference(x)))
+
+
+def _rht16_token_blocks_amax_reference(x, blocks: TokenBlocks):
+    laid = blocks.gather(x)
+    t = rht16_columns_reference(laid)
+    return t, torch.stack((token_groups_amax_reference(t, blocks.ends),
+                           token_groups_amax_reference(laid, blocks.ends)))
+
+
 RHT16_COLUMNS = Primitive("RHT", "hadamard", "rht16_columns", rht16_columns_reference)
-RHT16_TOKEN_BLOCKS = Primitive("token-block RHT", "hadamard", "rht16_token_blocks",
-                               lambda x, blocks: rht16_columns_reference(blocks.gather(x)))
+RHT16_COLUMNS_AMAX = Primitive("RHT with amaxes", "hadamard", "rht16_columns_amax", _rht16_columns_amax_reference)
+RHT16_TOKEN_BLOCKS_AMAX = Primitive("token-block RHT with amaxes", "hadamard", "rht16_token_blocks_amax",
+                                    _rht16_token_blocks_amax_reference)
 DECODE = Primitive("decode", "decode", "decode_block_scaled",
                    lambda codes, scales: reference.decode_block_scaled_reference(codes, scales, torch.bfloat16))
 DEQUANTIZE = Primitive("dequantize", "decode", "nvfp4_dequantize", _dequantize_reference)
@@ -130,10 +144,18 @@ def run_rht16_columns(x: torch.Tensor, quantizer: str) -> torch.Tensor:
     return pick(RHT16_COLUMNS, quantizer, x)(x)
 
 
-def run_rht16_token_blocks(x: torch.Tensor, blocks: TokenBlocks, quantizer: str) -> torch.Tensor:
-    """x's token rows laid out by `blocks` (P, C), each 16-token block of every column transformed by the
-    16-point randomized Hadamard transform (run_rht16_columns of the layout; the kernel reads x in place)."""
-    return pick(RHT16_TOKEN_BLOCKS, quantizer, x)(x, blocks)
+def run_rht16_columns_amax(x: torch.Tensor, quantizer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(run_rht16_columns(x), FP32 (2,): max |transformed|, max |x|): the kernel takes both amaxes in its one pass
+    over x (exact: the same values as separate reductions)."""
+    return pick(RHT16_COLUMNS_AMAX, quantizer, x)(x)
+
+
+def run_rht16_token_blocks_amax(x: torch.Tensor, blocks: TokenBlocks,
+                                quantizer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's token rows laid out by `blocks` (P, C), each 16-token block of every column transformed (as
+    run_rht16_columns of the layout; the kernel reads x in place), FP32 (2, E): per token group max |transformed|
+    over its blocks and max |x| over its tokens)."""
+    return pick(RHT16_TOKEN_BLOCKS_AMAX, quantizer, x)(x, blocks)
 
 
 def run_decode_block_scaled(codes: torch.Tensor, scales: torch.Tensor, quantizer: str,
