@@ -1,8 +1,9 @@
 """Benchmarks of the quantizer kernels and the four-over-six ops, every figure a ratio measured in the same run.
 
     python -m scripts.bench quantize [--rep-ms 200] [--rounds 3]    # Triton 4/6 quantizer vs copy, reference, NVFP4
-    python -m scripts.bench kernels [--only operands|epilogue|columns]  # operand kernels, epilogue, row amax;
-                                                                       # columns: columnwise launch-shape sweep
+    python -m scripts.bench kernels [--only operands|epilogue|columns|prologue]  # operand kernels, epilogue,
+                                      # row amax; columns: columnwise launch-shape sweep; prologue: the decode's
+                                      # share of the full recipe's grouped operands, a plain Triton GEMM vs cuBLAS
     python -m scripts.bench gemm [--quick]                          # fwd+bwd of the GEMMs at model shapes vs bf16
     python -m scripts.bench ops [--iters 50] [--json OUT.json]      # 1024^3 linear per backward mode, public quantize
     python -m scripts.bench warm [--jobs 16]                        # compile the quantizer variants in parallel
@@ -360,6 +361,92 @@ def epilogue_and_amax(rep_ms, rounds):
               flush=True)
 
 
+# --- what a GEMM that decodes its FP4 operands in its prologue would save, and what such a GEMM costs ---------
+
+EXPERT_SHAPES = (("w1/w3", 65536, 2048, 768), ("w2", 65536, 768, 2048))  # Qwen3-30B-A3B: 8192 tokens x top-8
+EXPERTS = 128
+
+
+def _full_recipe_pieces(label, m, k, n, rep_ms, rounds):
+    """Each operand of the full 4/6 recipe's grouped GEMM (forward and quantized backward), quantized with the
+    bf16 decode the emulated GEMMs read and without it (what an FP4 GEMM, or one decoding in its prologue,
+    reads), and the dgrad's decode of the weight tiles: the decode's share of the operand work."""
+    from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
+    from titan_fp4six.quant.amax import run_expert_amax, run_token_groups
+    from titan_fp4six.quant.backends import Backends
+    from titan_fp4six.quant.operands import RoleQuantizer
+    from titan_fp4six.quant.quantize import run_decode_block_scaled
+
+    plan = FourOverSixRecipe(backward="quantized", wgrad_rht=True, gradient_rounding="stochastic",
+                             weight_block="16x16").plan(grouped=True)
+    gen = torch.Generator().manual_seed(0)
+    A = _bf16_input(m, k)
+    W = (_bf16_input(EXPERTS * n, k) * k ** -0.5).contiguous()
+    dy = _bf16_input(m, n)
+    offs = _offsets(m, EXPERTS, "cuda", gen)
+    a_amax, group_of_row, _ = run_token_groups(A, offs, False, "triton")
+    dy_amax = run_token_groups(dy, offs, False, "triton")[0]
+    w_amax = run_expert_amax(W, EXPERTS, "triton")
+    groups = RowGroups(group_of_row, EXPERTS, amax_by_group=True)
+    tb = TokenBlocks.of(offs, m)
+    fns = {}
+    for decode in (True, False):
+        role = {r: RoleQuantizer(getattr(plan, r), Backends("triton", not decode)) for r in ("x", "w", "dy", "dy_t",
+                                                                                              "x_t")}
+        dy_rht, x_rht = role["dy_t"].transform_token_blocks(dy, tb), role["x_t"].transform_token_blocks(A, tb)
+        fns.update({
+            ("forward: x rows (4/6)", decode): lambda r=role: r["x"].rows(A, a_amax, groups),
+            ("forward: W 16x16 tiles (4/6)", decode): lambda r=role: r["w"].rows(W, w_amax),
+            ("dgrad: dy rows (stochastic)", decode): lambda r=role: r["dy"].rows(dy, dy_amax, groups),
+            ("wgrad: dy^T token blocks (RHT, stochastic)", decode):
+                lambda r=role, t=dy_rht: r["dy_t"].token_blocks(dy, tb, dy_amax, group_of_row, t),
+            ("wgrad: x^T token blocks (RHT, 4/6)", decode):
+                lambda r=role, t=x_rht: r["x_t"].token_blocks(A, tb, a_amax, group_of_row, t),
+        })
+    w_op = RoleQuantizer(plan.w, Backends("triton", False)).rows(W, w_amax)
+    codes, scales = w_op.codes, w_op.scales
+    decode = "dgrad: decode of W's tiles (none: the FP4 GEMM reads the tiles' codes)"
+    fns[(decode, True)] = lambda: run_decode_block_scaled(codes, scales, "triton")
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    return [(label, name, t[(name, True)], t.get((name, False), 0.0)) for name in dict.fromkeys(n for n, _ in fns)]
+
+
+def prologue_budget(rep_ms, rounds):
+    """The operand work a decode-in-prologue GEMM removes (the quantizers' bf16 decode writes and the dgrad's
+    decode), and the price of leaving cuBLAS/CUTLASS: a plain Triton bf16 GEMM (no decode at all, FP32 output)
+    against torch.mm at the expert GEMMs' sizes, and torch._grouped_mm at the same sizes."""
+    from scripts.plain_mm import CONFIGS, plain_mm
+
+    rows = []
+    for label, m, k, n in EXPERT_SHAPES:
+        rows += _full_recipe_pieces(label, m, k, n, rep_ms, rounds)
+    print("\nFull 4/6 recipe, grouped GEMM operands at Qwen3-30B-A3B expert shapes (128 experts, 65536 routed rows)\n")
+    print("| GEMM | operand | with bf16 decode (ms) | without (ms) | decode's share |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, name, with_dec, without in rows:
+        print(f"| {label} | {name} | {with_dec:.3f} | {without:.3f} | {1 - without / with_dec:.0%} |")
+    per_layer = [sum((2 if r[0] == "w1/w3" else 1) * r[i] for r in rows) for i in (2, 3)]
+    print(f"| one layer | w1 and w3 at the first shape, w2 at the second | {per_layer[0]:.3f} | {per_layer[1]:.3f} | "
+          f"{1 - per_layer[1] / per_layer[0]:.0%} |")
+    print("\nbf16 GEMMs, FP32 accumulation\n")
+    print("| shape M x K x N | torch.mm (FP32 out) ms | Triton plain GEMM ms (best config) | Triton / torch.mm | "
+          "torch._grouped_mm ms |")
+    print("| --- | --- | --- | --- | --- |")
+    gen = torch.Generator().manual_seed(0)
+    for label, m, k, n in EXPERT_SHAPES:
+        a, w = _bf16_input(m, k), _bf16_input(n, k)
+        offs = _offsets(m, EXPERTS, "cuda", gen)
+        we = _bf16_input(EXPERTS * n, k).view(EXPERTS, n, k)
+        t_torch = min(_ms(lambda: torch.mm(a, w.t(), out_dtype=torch.float32), rep_ms) for _ in range(rounds))
+        t_grouped = min(_ms(lambda: torch._grouped_mm(a, we.transpose(-2, -1), offs=offs), rep_ms)
+                        for _ in range(rounds))
+        want = torch.mm(a, w.t(), out_dtype=torch.float32)
+        best = min((min(_ms(lambda c=cfg: plain_mm(a, w, *c), rep_ms) for _ in range(rounds)), cfg)
+                   for cfg in CONFIGS if torch.allclose(plain_mm(a, w, *cfg), want, rtol=1e-3, atol=1e-3))
+        print(f"| {label} {m} x {k} x {n} | {t_torch:.3f} | {best[0]:.3f} {best[1]} | {best[0] / t_torch:.2f}x | "
+              f"{t_grouped:.3f} |", flush=True)
+
+
 def cmd_kernels(args):
     _needs_cuda("kernels")
     _header(args.rounds)
@@ -371,6 +458,8 @@ def cmd_kernels(args):
     if args.only == "columns":
         for m, k in KERNEL_SHAPES:
             column_launches(m, k, args.rep_ms, args.rounds)
+    if args.only == "prologue":
+        prologue_budget(args.rep_ms, args.rounds)
 
 
 # --- host and GPU time of whole op calls (gemm, ops) ----------------------------------------------------------
@@ -631,8 +720,9 @@ def main(argv=None) -> None:
         s.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per measurement")
         s.add_argument("--rounds", type=int, default=3, help="rounds per case; each time is the least median")
         s.set_defaults(run=fn)
-    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns"),
-                                        help="one part of the benchmark (columns: the columnwise launch sweep, "
+    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns", "prologue"),
+                                        help="one part of the benchmark (columns: the columnwise launch sweep; "
+                                             "prologue: what a decode-in-prologue GEMM would save and cost; both "
                                              "only when asked)")
     s = sub.add_parser("gemm", help="fwd+bwd of the 4/6 GEMMs at model shapes vs the bf16 op")
     s.add_argument("--iters", type=int, default=5)
