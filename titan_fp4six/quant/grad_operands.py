@@ -17,7 +17,7 @@ from torch import Tensor
 from ..numerics.formats import BLOCK_SIZE
 from ..numerics.groups import RowGroups, TokenBlocks
 from .amax import run_tensor_amax, run_token_groups
-from .operands import GemmQuantizers, Operand, Transformed
+from .operands import GemmQuantizers, Operand
 
 
 class GradOperands(NamedTuple):
@@ -38,13 +38,6 @@ class GradOperands(NamedTuple):
     tokens: TokenBlocks | None = None
 
 
-def _source_amax(transformed: Transformed | None, compute) -> Tensor:
-    """dy's amax from its transform's pass where that took it, else compute()."""
-    if transformed is not None and transformed.source_amax is not None:
-        return transformed.source_amax
-    return compute()
-
-
 def dense_grad_operands(dy: Tensor, x: Tensor, weight: Tensor | None, w_tiles: Operand | None, x_amax: Tensor,
                         w_amax: Tensor, q: GemmQuantizers, need_dx: bool, need_dw: bool) -> GradOperands:
     """A dense GEMM's: dy by q.dy with its own per-tensor amax; W^T by q.w_t with the forward's amax (w_tiles:
@@ -52,7 +45,8 @@ def dense_grad_operands(dy: Tensor, x: Tensor, weight: Tensor | None, w_tiles: O
     columnwise along M (RoleQuantizer.columns: the forward's amax, or x's column amax when row-scaled, or the
     transformed tensors' with wgrad_rht)."""
     dy_rht = q.dy_t.transform_columns(dy) if need_dw else None
-    dy_amax = _source_amax(dy_rht, lambda: run_tensor_amax(dy, q.backends.quantizer))
+    dy_amax = dy_rht.source_amax if dy_rht and dy_rht.source_amax is not None else run_tensor_amax(
+        dy, q.backends.quantizer)
     dyq = w_t = dy_t = dy_t_amax = x_t = x_t_amax = None
     if need_dx:
         w_t = q.w_t.transposed_tiles(w_tiles) if q.w_t.spec.block == "16x16" else q.w_t.columns(weight, w_amax)[0]
@@ -75,7 +69,8 @@ def grouped_grad_operands(dy: Tensor, A: Tensor, B_t: Tensor | None, offs: Tenso
     experts, (rows, n) = offs.numel(), dy.shape
     tokens = TokenBlocks.of(offs, rows) if need_dw else None
     dy_rht = q.dy_t.transform_token_blocks(dy, tokens) if need_dw else None
-    dy_amax = _source_amax(dy_rht, lambda: run_token_groups(dy, offs, False, q.backends.quantizer)[0])
+    dy_amax = dy_rht.source_amax if dy_rht and dy_rht.source_amax is not None else run_token_groups(
+        dy, offs, False, q.backends.quantizer)[0]
     dyq = w_t = dy_t = dy_t_amax = x_t = x_t_amax = None
     if need_da:
         pad_n = -n % BLOCK_SIZE  # 1x16 weights take any N: zero columns change no amax, code or product
