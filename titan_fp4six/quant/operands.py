@@ -46,7 +46,8 @@ class Operand:
 class Transformed(NamedTuple):
     """An operand transformed ('rht16') in the layout its quantizer reads, with the amaxes the transform's pass
     took: max |transformed| (per tensor, or per group for token blocks) and max |input| (the same), both None for
-    a row-scaled spec (its per-column amaxes come after). tokens: the token-block layout over x (token_blocks)."""
+    a row-scaled spec (its per-column amaxes come after). tokens: token_blocks' layout over the transformed x
+    (TokenBlocks.laid_out), None for columns."""
 
     x: Tensor
     amax: Tensor | None

@@ -73,11 +73,6 @@ def _dequantize_reference(codes, scales, amax, scale_bound: int, dtype, groups=N
     return reference.dequantize_reference(codes, scales, amax_rows, scale_bound, dtype)
 
 
-QUANTIZE = Primitive("quantize", "quantize", "quantize", _quantize_reference)
-QUANTIZE_COLUMNWISE = Primitive("columnwise quantize", "quantize", "quantize_columnwise", _columnwise_reference,
-                                eligible="eligible_columnwise")
-QUANTIZE_TOKEN_BLOCKS = Primitive("token-block quantize", "quantize", "quantize_token_blocks",
-                                  _token_blocks_reference, eligible="eligible_columnwise")
 def _rht16_columns_amax_reference(x):
     t = rht16_columns_reference(x)
     return t, torch.stack((reference.tensor_amax_reference(t), reference.tensor_amax_reference(x)))
@@ -90,6 +85,11 @@ def _rht16_token_blocks_amax_reference(x, blocks: TokenBlocks):
                            token_groups_amax_reference(laid, blocks.ends)))
 
 
+QUANTIZE = Primitive("quantize", "quantize", "quantize", _quantize_reference)
+QUANTIZE_COLUMNWISE = Primitive("columnwise quantize", "quantize", "quantize_columnwise", _columnwise_reference,
+                                eligible="eligible_columnwise")
+QUANTIZE_TOKEN_BLOCKS = Primitive("token-block quantize", "quantize", "quantize_token_blocks",
+                                  _token_blocks_reference, eligible="eligible_columnwise")
 RHT16_COLUMNS = Primitive("RHT", "hadamard", "rht16_columns", rht16_columns_reference)
 RHT16_COLUMNS_AMAX = Primitive("RHT with amaxes", "hadamard", "rht16_columns_amax", _rht16_columns_amax_reference)
 RHT16_TOKEN_BLOCKS_AMAX = Primitive("token-block RHT with amaxes", "hadamard", "rht16_token_blocks_amax",
