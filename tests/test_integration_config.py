@@ -8,7 +8,7 @@ from torchtitan.config import JobConfig as TorchtitanJobConfig
 from torchtitan.models.moe import utils as moe_utils
 from torchtitan.protocols.model_converter import build_model_converters
 
-from tests.helpers.integration_helpers import CONFIG_MODULE, job_config
+from tests.helpers.integration_helpers import CONFIG_MODULE, build_model, job_config
 from titan_fp4six.integration.rules import fqn_matches
 from titan_fp4six.modules import GROUP_ALIGN
 from titan_fp4six.ops import FourOverSixRecipe
@@ -211,6 +211,20 @@ def test_valid_combinations_build():
 
 
 def test_grouped_cache_weights_is_allowed_with_compile():
-    """torchtitan compiles the MoE blocks but leaves the routed experts eager, where the cache runs."""
+    """torchtitan compiles the MoE blocks but leaves the routed experts modules eager: the converted experts
+    compile their own chain, except where a weight cache (filled eagerly) runs."""
     job = job_config("--compile.enable", "--quantize.grouped_mm.four_over_six.cache_weights", converters=GMM)
     assert _build(job).converters[0].cfg.cache_weights
+
+
+@pytest.mark.parametrize("flags, backend", [(["--compile.enable"], "inductor"),
+                                            (["--compile.enable", "--compile.backend", "aot_eager"], "aot_eager"),
+                                            (["--compile.enable", "--compile.components", "loss"], None), ([], None)])
+def test_the_experts_chain_is_compiled_with_the_model(flags, backend):
+    """As torchtitan 0.2 compiles its own experts' chain: with the model's compile backend, only when the model
+    is compiled."""
+    job = job_config(*flags, converters=GMM)
+    model, _ = build_model("qwen3", job)
+    _build(job).convert(model)
+    experts = [m for m in model.modules() if hasattr(m, "compile_backend")]
+    assert experts and all(m.compile_backend == backend for m in experts)

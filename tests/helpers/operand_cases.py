@@ -109,7 +109,7 @@ def epilogue_cases(gen, device, sizes=((37, 300), (16, 16))):
     """(label, dense, grouped or wgrad, args) of the GEMM epilogue: products with NaN, +-Inf, +-0 and values that
     round across bf16 / fp16 boundaries and overflow; amaxes per tensor, row or group including 0, NaN and Inf;
     grouped rows past offs[-1] holding NaN garbage; the grouped wgrad's per-group and per-column factors and an
-    empty group."""
+    empty group; the bf16 grouped backward's zeroing of those rows and groups."""
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 65504.0, 3.4e38, 1e-40])
     for (m, n), out_dtype, bound in zip(sizes * 3, (torch.bfloat16, torch.float16, torch.float32) * 2, (256, 448) * 3):
         acc = torch.randn(m, n, generator=gen) * 2.0 ** torch.randint(-20, 20, (m, n), generator=gen)
@@ -142,12 +142,24 @@ def epilogue_cases(gen, device, sizes=((37, 300), (16, 16))):
             yield (f"wgrad/{experts}x{r}x{n}/{out_dtype}/{bound}/b{tuple(b_amax.shape)}", "wgrad",
                    (wprod.to(device), torch.tensor([2.0, 9.0, 0.0, float("nan")]).to(device), bound,
                     b_amax.to(device), 448, empty.to(device), out_dtype))
+        # the bf16 grouped backward's zeroing: rows past offs[-1] by their group (int64, limit E), empty groups'
+        # weight gradients (bool, limit 1), none or every row flagged
+        garbage = acc.to(out_dtype)
+        yield f"zero_rows/tail/{m}x{n}/{out_dtype}", "zero_rows", (garbage.to(device), group_of_row.to(device), experts)
+        yield (f"zero_rows/empty/{experts}x{r}x{n}/{out_dtype}", "zero_rows",
+               (wprod.to(out_dtype).to(device), empty.to(device), 1))
+        for flag in (torch.zeros(m, dtype=torch.int64), torch.ones(m, dtype=torch.int64)):
+            yield (f"zero_rows/all={bool(flag[0])}/{m}x{n}/{out_dtype}", "zero_rows",
+                   (garbage.to(device), flag.to(device), 1))
 
 
 def compare_epilogue(ke, kind, args):
-    """The epilogue kernel against scale_cast_reference / grouped_scale_cast_reference /
-    grouped_wgrad_scale_cast_reference."""
-    if kind == "dense":
+    """The epilogue kernels against scale_cast_reference / grouped_scale_cast_reference /
+    grouped_wgrad_scale_cast_reference / zero_rows_reference."""
+    if kind == "zero_rows":  # both in place: each on its own copy
+        x, flag, limit = args
+        got, want = ke.zero_rows(x.clone(), flag, limit), reference.zero_rows_reference(x.clone(), flag, limit)
+    elif kind == "dense":
         got, want = ke.scale_cast(*args), reference.scale_cast_reference(*args)
     elif kind == "wgrad":
         got, want = ke.grouped_wgrad_scale_cast(*args), reference.grouped_wgrad_scale_cast_reference(*args)

@@ -129,12 +129,17 @@ class FourOverSixGroupedMMConverter(_Converter):
     def __init__(self, job_config, parallel_dims):
         super().__init__(job_config, parallel_dims)
         set_token_group_alignment_size_m(self.cfg.pad_multiple)  # EP dispatch pads every expert group to this
+        # torchtitan compiles its own experts' chain (_run_experts_grouped_mm) when it compiles the model, and
+        # skips the experts modules: the converted ones compile theirs alike
+        compile_cfg = job_config.compile
+        self.compile_backend = compile_cfg.backend if compile_cfg.enable and "model" in compile_cfg.components else None
 
     def convert(self, model: nn.Module):
         experts = {fqn: mod for fqn, mod in model.named_modules() if isinstance(mod, GroupedExperts)}
 
         def swap(fqn: str) -> int:
-            mod = convert_experts(experts[fqn], self.recipe, self.cfg.pad_multiple, self.cfg.cache_weights)
+            mod = convert_experts(experts[fqn], self.recipe, self.cfg.pad_multiple, self.cfg.cache_weights,
+                                  self.compile_backend)
             router = getattr(model.get_submodule(fqn.rpartition(".")[0]), "router", None)
             top_k = getattr(router, "top_k", mod.num_experts)
             return sum(getattr(mod, n).numel() for n in ("w1", "w2", "w3")) * top_k // mod.num_experts

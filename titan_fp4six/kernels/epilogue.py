@@ -1,6 +1,7 @@
 """Triton epilogue of the emulated GEMMs: the FP32 (or bf16 grouped) product times the global decode factors,
 cast to the output dtype, in one pass (PyTorch needed five small kernels for it: two factors, their product,
-the multiply and the cast; the grouped form also a gather and a select).
+the multiply and the cast; the grouped form also a gather and a select). And the bf16 grouped backward's one
+epilogue, zeroing the rows that are not data (zero_rows), which writes only those rows.
 
 Bitwise equal to reference.scale_cast_reference / grouped_scale_cast_reference /
 grouped_wgrad_scale_cast_reference: fa = amax_a * fl(1/(6B)) and
@@ -94,6 +95,23 @@ def _wgrad_scale_cast_kernel(prod_ptr, a_amax_ptr, b_amax_ptr, empty_ptr, out_pt
 _WGRAD_SCALE_CAST = FastLaunch(_wgrad_scale_cast_kernel)
 
 
+@triton.jit(do_not_specialize=["rows", "cols", "limit"])
+def _zero_rows_kernel(x_ptr, flag_ptr, rows, cols, limit, BR: tl.constexpr, BC: tl.constexpr):
+    """x[r, :] = +0 where flag[r] >= limit; a program none of whose rows is flagged reads BR flags and writes
+    nothing."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    zap = (r < rows) & (tl.load(flag_ptr + r, mask=r < rows, other=0).to(tl.int64) >= limit)
+    if tl.max(zap.to(tl.int32), axis=0) > 0:
+        offs = r.to(tl.int64)[:, None] * cols + c[None, :]
+        tl.store(x_ptr + offs, tl.zeros((BR, BC), x_ptr.dtype.element_ty), mask=zap[:, None] & (c < cols)[None, :])
+
+
+_ZERO_ROWS = FastLaunch(_zero_rows_kernel)
+ZERO_BLOCK_ROWS = 16
+ZERO_BLOCK_COLS = 1024
+
+
 def eligible(acc: torch.Tensor) -> bool:
     """Products the epilogue takes: contiguous CUDA (M, N) (or (E, R, N) for the grouped wgrad)."""
     return acc.is_cuda and acc.is_contiguous()
@@ -145,3 +163,20 @@ def grouped_wgrad_scale_cast(prod, a_amax, a_bound: int, b_amax, b_bound: int, e
                           int(b_amax.dim() == 2), f32_reciprocal(6.0 * a_bound), f32_reciprocal(6.0 * b_bound),
                           OUT_KIND[dtype], bf16, rows_per_program, BLOCK_COLS, num_warps=WARPS, **COMPILE_OPTIONS)
     return out
+
+
+def zero_rows(x, flag, limit: int):
+    """x (R, ...) in place with the rows r where flag[r] >= limit (flag (R,) integer or bool) set to +0; returns x.
+    The bf16 grouped backward's rows past offs[-1] (flag: the group of each row, limit E) and its empty groups'
+    weight gradients (flag: empty_groups, limit 1): both are rare, so this reads the flags and writes only them,
+    where masked_fill_ reads and writes all of x (its broadcast mask also keeps PyTorch off its vectorized path)."""
+    rows = x.shape[0]
+    cols = x.numel() // rows if rows else 0
+    grid = (cdiv(rows, ZERO_BLOCK_ROWS), cdiv(cols, ZERO_BLOCK_COLS))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"a tensor of shape {tuple(x.shape)} needs {grid[1]} programs along a row; the grid takes "
+                         f"at most {MAX_GRID_Y}")
+    if x.numel():
+        _ZERO_ROWS(grid, x, flag, rows, cols, limit, ZERO_BLOCK_ROWS, ZERO_BLOCK_COLS, num_warps=WARPS,
+                   **COMPILE_OPTIONS)
+    return x

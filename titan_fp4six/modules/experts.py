@@ -20,7 +20,7 @@ from torch import nn
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mm, quantize_grouped_weight
 from ..ops.checks import check_recipe
-from .autocast import autocast_operands, no_autocast
+from .autocast import autocast_dtype, cast_operands, no_autocast
 from .dtensor import is_dtensor, local_weight
 from .weight_cache import WeightCache
 
@@ -39,31 +39,36 @@ _NAMES = ("w1", "w2", "w3")
 _NO_CACHE = (None, None, None)
 
 
-def experts_forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mm, rows: int | None = None) -> torch.Tensor:
-    """SiLU-gated experts on expert-sorted rows; rows past the last group (padding tail) come back as zeros.
+def gated(mm):
+    """The SiLU-gated experts' chain over the grouped GEMM mm(name, A, offs) of A's rows with the experts' weight
+    `name` ("w1", "w3", "w2"): chain(A, offs) = w2(silu(w1 A) * w3 A) by token groups offs (A's rows all tokens)."""
+    def chain(A: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        h = F.silu(mm("w1", A, offs))
+        h = h * mm("w3", A, offs)
+        return mm("w2", h, offs)
+    return chain
 
-    mm(name, A, offs): the grouped GEMM of A's rows with the experts' weight `name` ("w1", "w3", "w2"); `rows` is
-    offs[-1] when the caller already knows it (saves a host sync)."""
+
+def experts_forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, chain, rows: int | None = None) -> torch.Tensor:
+    """chain(A, offs) (gated(mm)) on expert-sorted rows; rows past the last group (padding tail) come back as
+    zeros. `rows` is offs[-1] when the caller already knows it (saves a host sync)."""
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     if rows is None:
         rows = int(offs[-1])  # host read: slicing to the real rows keeps the tail out of every amax
-    xs = x[:rows]
-    h = F.silu(mm("w1", xs, offs))
-    h = h * mm("w3", xs, offs)
-    out = mm("w2", h, offs).type_as(x)
+    out = chain(x[:rows], offs).type_as(x)
     return F.pad(out, (0, 0, 0, x.shape[0] - rows))
 
 
-def experts_forward_padded(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mm, align: int) -> torch.Tensor:
+def experts_forward_padded(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, chain, align: int) -> torch.Tensor:
     """experts_forward with each expert's contiguous rows padded to a multiple of `align` (zeros), the padding rows
     dropped from the output."""
     x_padded, sizes, dest = pad_token_groups(x, num_tokens_per_expert, align)
-    return experts_forward(x_padded, sizes, mm, rows=x_padded.shape[0]).index_select(0, dest)
+    return experts_forward(x_padded, sizes, chain, rows=x_padded.shape[0]).index_select(0, dest)
 
 
 def _weights_mm(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, recipe: FourOverSixRecipe,
                 quantized: tuple[QuantizedWeight | None, ...]):
-    """experts_forward's mm over the (E, out, in) weights, each with its cached QuantizedWeight or None."""
+    """gated's mm over the (E, out, in) weights, each with its cached QuantizedWeight or None."""
     weights = dict(zip(_NAMES, (w1, w2, w3)))
     cached = dict(zip(_NAMES, quantized))
 
@@ -78,7 +83,7 @@ def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.T
                 quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """experts_forward on the weights w1, w2, w3 (E, out, in); `quantized`: their cached QuantizedWeights in
     (w1, w2, w3) order, or Nones."""
-    return experts_forward(x, num_tokens_per_expert, _weights_mm(w1, w2, w3, recipe, quantized), rows)
+    return experts_forward(x, num_tokens_per_expert, gated(_weights_mm(w1, w2, w3, recipe, quantized)), rows)
 
 
 def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
@@ -86,7 +91,34 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
                        align: int = GROUP_ALIGN,
                        quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """experts_forward_padded on the weights w1, w2, w3 (as run_experts)."""
-    return experts_forward_padded(x, num_tokens_per_expert, _weights_mm(w1, w2, w3, recipe, quantized), align)
+    return experts_forward_padded(x, num_tokens_per_expert, gated(_weights_mm(w1, w2, w3, recipe, quantized)), align)
+
+
+def _cast_gated(A: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                recipe: FourOverSixRecipe, dtype: torch.dtype | None) -> torch.Tensor:
+    """gated over the weights cast to `dtype` (autocast's; None: as given), the graph compiled_chain compiles."""
+    return gated(_weights_mm(*cast_operands((w1, w2, w3), dtype), recipe, _NO_CACHE))(A, offs)
+
+
+@functools.cache
+def _compiled_cast_gated(backend: str):
+    options = {"emulate_precision_casts": True} if backend == "inductor" else None
+    return torch.compile(_cast_gated, backend=backend, fullgraph=True, options=options)
+
+
+def compiled_chain(weights: list[torch.Tensor], recipe: FourOverSixRecipe, dtype: torch.dtype | None, backend: str):
+    """A chain(A, offs) running the weights' cast and the gated chain as one torch.compile graph (`backend`), as
+    torchtitan 0.2 compiles its bf16 experts' `_run_experts_grouped_mm`: Inductor fuses the casts, their
+    gradients' casts and the SiLU gate around the grouped GEMMs, which stay opaque custom ops. With
+    emulate_precision_casts, Inductor's Triton kernels round the gate's SiLU to bf16 before the product as eager
+    does, so every byte is eager's (checked on CUDA). A's rows change every step: marked dynamic, one graph serves
+    them all."""
+    fn = _compiled_cast_gated(backend)
+
+    def chain(A: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.maybe_mark_dynamic(A, 0)
+        return fn(A, offs, *weights, recipe, dtype)
+    return chain
 
 
 def pad_token_groups(x: torch.Tensor, num_tokens_per_expert: torch.Tensor,
@@ -114,43 +146,56 @@ class _FourOverSixExperts:
     recipe: FourOverSixRecipe
     pad_multiple: int
     weight_cache: WeightCache | None = None
+    compile_backend: str | None = None
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         quantize = None if self.weight_cache is None else functools.partial(cached_weights, self, self.weight_cache,
                                                                               recipe=self.recipe)
-        return self.run(x, num_tokens_per_expert, self.recipe, quantize)
+        return self.run(x, num_tokens_per_expert, self.recipe, quantize, self.compile_backend)
 
     def run(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe,
-            quantize=None) -> torch.Tensor:
+            quantize=None, compile_backend: str | None = None) -> torch.Tensor:
         """The forward with `recipe`; quantize(weights): the (w1, w2, w3) operands' QuantizedWeights, or None to
-        quantize them in each GEMM. Rollouts run it with their own recipe and cache (rl/experts.py)."""
+        quantize them in each GEMM; compile_backend: see convert_experts. Rollouts run it with their own recipe
+        and cache (rl/experts.py)."""
         if x.is_meta:
             raise NotImplementedError(f"{type(self).__name__} cannot run on the meta device: its token groups are "
                                       "padded by their sizes, which a meta tensor does not hold (converted Linears "
                                       "trace shapes on meta; trace the experts on a real device)")
         pad_multiple = None if ep_dispatched(self) else self.pad_multiple
-        return converted_experts_forward(self, _NAMES, x, num_tokens_per_expert, recipe, quantize, pad_multiple)
+        return converted_experts_forward(self, _NAMES, x, num_tokens_per_expert, recipe, quantize, pad_multiple,
+                                         compile_backend)
 
     def extra_repr(self) -> str:
         cached = ", cache_weights=True" if self.weight_cache is not None else ""
-        return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}{cached}"
+        compiled = f", compile_backend={self.compile_backend!r}" if self.compile_backend else ""
+        return f"recipe={self.recipe}, pad_multiple={self.pad_multiple}{cached}{compiled}"
 
 
 def converted_experts_forward(module: nn.Module, names: tuple[str, str, str], x: torch.Tensor,
                               num_tokens_per_expert: torch.Tensor, recipe: FourOverSixRecipe, quantize=None,
-                              pad_multiple: int | None = None) -> torch.Tensor:
+                              pad_multiple: int | None = None, compile_backend: str | None = None) -> torch.Tensor:
     """A converted experts module's forward, for torchtitan 0.2's experts classes (the mixin) and 0.3's alike: its
     (w1, w2, w3) parameters `names` as local weights, autocast like torchtitan's, the experts' chain with
     `recipe` on x's token groups; quantize(weights): their QuantizedWeights or None (quantized in each GEMM);
-    pad_multiple: pad each token group to that many rows here (None: a dispatcher already padded them)."""
+    pad_multiple: pad each token group to that many rows here (None: a dispatcher already padded them);
+    compile_backend: the weights' cast and the chain compiled (compiled_chain) on CUDA where weights are quantized
+    in each GEMM (a weight cache is filled eagerly: that chain runs eagerly; on the CPU, torch 2.11's Inductor
+    keeps the SiLU gate unrounded in its C++ kernels, emulate_precision_casts or not, so the chain stays eager
+    there and its bytes stay eager's)."""
     weights = [local_weight(getattr(module, n), n, experts=True) for n in names]
-    *weights, x_in = autocast_operands(*weights, x)
+    dtype = autocast_dtype(x.device)
     with no_autocast(x.device):
-        quantized = _NO_CACHE if quantize is None else quantize(weights)
-        if pad_multiple is None:
-            out = run_experts(*weights, x_in, num_tokens_per_expert, recipe, quantized=quantized)
+        x_in, = cast_operands((x, ), dtype)
+        if compile_backend is not None and quantize is None and x.is_cuda:
+            chain = compiled_chain(weights, recipe, dtype, compile_backend)
         else:
-            out = run_experts_padded(*weights, x_in, num_tokens_per_expert, recipe, pad_multiple, quantized)
+            weights = cast_operands(weights, dtype)
+            chain = gated(_weights_mm(*weights, recipe, _NO_CACHE if quantize is None else quantize(weights)))
+        if pad_multiple is None:
+            out = experts_forward(x_in, num_tokens_per_expert, chain)
+        else:
+            out = experts_forward_padded(x_in, num_tokens_per_expert, chain, pad_multiple)
         return out.to(x.dtype)
 
 
@@ -178,10 +223,11 @@ def four_over_six_experts_class(parent: type[nn.Module]) -> type[nn.Module]:
 
 
 def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: int = GROUP_ALIGN,
-                    cache_weights: bool = False) -> nn.Module:
+                    cache_weights: bool = False, compile_backend: str | None = None) -> nn.Module:
     """Turn `module` (an experts instance) into its four-over-six subclass in place and return it; without
     expert parallelism it pads each token group to `pad_multiple` rows; cache_weights: quantize the weights once
-    per optimizer step (weight_cache.py)."""
+    per optimizer step (weight_cache.py); compile_backend: torch.compile the weights' cast and the gated chain
+    with this backend (what torchtitan 0.2 does to its own experts when it compiles the model; None: eager)."""
     check_recipe(recipe)
     check_pad_multiple(pad_multiple)
     for name in _NAMES:
@@ -193,4 +239,5 @@ def convert_experts(module: nn.Module, recipe: FourOverSixRecipe, pad_multiple: 
     module.recipe = resolved
     module.pad_multiple = pad_multiple
     module.weight_cache = WeightCache() if cache_weights else None
+    module.compile_backend = compile_backend
     return module

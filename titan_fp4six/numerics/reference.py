@@ -231,3 +231,10 @@ def grouped_wgrad_scale_cast_reference(prod: torch.Tensor, a_amax: torch.Tensor,
     factor = global_decode_factor(a_amax, a_bound)[:, None, None] * (fb[:, None, :] if fb.dim() == 2 else
                                                                      fb[:, None, None])
     return torch.where(empty_groups[:, None, None], 0, prod.float() * factor).to(dtype)
+
+
+def zero_rows_reference(x: torch.Tensor, flag: torch.Tensor, limit: int) -> torch.Tensor:
+    """x (R, ...) in place with the rows r where flag[r] >= limit set to +0; returns x. The bf16 grouped
+    backward's gradients: rows past offs[-1] (flag: the group of each row, limit E) and empty groups' weight
+    gradients (flag: empty_groups, limit 1) hold whatever torch._grouped_mm leaves there."""
+    return x.masked_fill_((flag.to(torch.int64) >= limit).view(-1, *(1,) * (x.dim() - 1)), 0)

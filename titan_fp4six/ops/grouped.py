@@ -14,9 +14,11 @@ from torch import Tensor
 from ..numerics.groups import RowGroups
 from ..numerics.reference import amax_per_row, global_decode_factor
 from ..quant.amax import run_token_groups
+from ..quant.epilogue import ZERO_ROWS
 from ..quant.grad_operands import grouped_grad_operands
 from ..quant.library import compile_opaque_op
 from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
+from ..quant.primitives import pick
 from ..quant.process_state import MAP4_STATS
 from ..quant.quantize import run_dequantize
 from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
@@ -148,9 +150,11 @@ def grouped_bwd(dy: Tensor, A: Tensor | None, B_t: Tensor | None, offs: Tensor, 
     # zeroed in place (no second buffer of the gradient's size): rows past offs[-1] come back uninitialized from
     # _grouped_mm, and empty groups' weight gradients hold whatever the kernel leaves there
     if need_da:
-        dA = torch._grouped_mm(dy, w, offs=offs).masked_fill_((group_of_row >= experts)[:, None], 0)
+        dA = torch._grouped_mm(dy, w, offs=offs)
+        dA = pick(ZERO_ROWS, q.backends.quantizer, dA)(dA, group_of_row, experts)
     if need_dw:
-        dW = torch._grouped_mm(dy.t(), A, offs=offs).masked_fill_(empty_groups[:, None, None], 0).to(w_dtype)
+        dW = torch._grouped_mm(dy.t(), A, offs=offs)
+        dW = pick(ZERO_ROWS, q.backends.quantizer, dW)(dW, empty_groups, 1).to(w_dtype)
     return dA, dW
 
 

@@ -5,12 +5,15 @@ SCALE_CAST: acc (M, N) FP32 * (amax_a/(6B_a) * amax_b/(6B_b)) cast to dtype, a_a
 GROUPED_SCALE_CAST: the grouped GEMM's bf16 product * (fa * fw) per row, zeros past offs[-1].
 GROUPED_WGRAD_SCALE_CAST: the grouped weight gradient's product (E, R, N), one pass where PyTorch makes four
 over an FP32 copy of the product.
+ZERO_ROWS: the bf16 grouped backward's rows that are not data set to +0 in place (an exact fill: strict=False).
 """
 
-from ..numerics.reference import grouped_scale_cast_reference, grouped_wgrad_scale_cast_reference, scale_cast_reference
+from ..numerics.reference import (grouped_scale_cast_reference, grouped_wgrad_scale_cast_reference,
+                                  scale_cast_reference, zero_rows_reference)
 from .primitives import Primitive
 
 SCALE_CAST = Primitive("epilogue", "epilogue", "scale_cast", scale_cast_reference)
 GROUPED_SCALE_CAST = Primitive("grouped epilogue", "epilogue", "grouped_scale_cast", grouped_scale_cast_reference)
 GROUPED_WGRAD_SCALE_CAST = Primitive("grouped wgrad epilogue", "epilogue", "grouped_wgrad_scale_cast",
                                      grouped_wgrad_scale_cast_reference)
+ZERO_ROWS = Primitive("row zeroing", "epilogue", "zero_rows", zero_rows_reference, strict=False)

@@ -8,7 +8,7 @@ import torch
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
-from ..modules.experts import GROUP_ALIGN, experts_forward_padded
+from ..modules.experts import GROUP_ALIGN, experts_forward_padded, gated
 from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mm
 from ..ops.checkpoint import amax_for_factor
@@ -74,7 +74,7 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
         def mm(name, A, offs):
             return loaded_weight_grouped_mm(A, offs, weights[name], recipe=self.recipe)
         rows = x.index_select(0, order // topk_ids.shape[1])
-        return experts_forward_padded(rows, counts, mm, GROUP_ALIGN), order
+        return experts_forward_padded(rows, counts, gated(mm), GROUP_ALIGN), order
 
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
               shared_experts_input) -> torch.Tensor:
