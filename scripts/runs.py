@@ -15,6 +15,7 @@ relative to it).
 """
 
 import argparse
+import bisect
 import gzip
 import json
 import os
@@ -223,11 +224,33 @@ def kernel_kind(name: str) -> str:
                 "elementwise/other")
 
 
+def _innermost_ops(events: list[dict], t0: float, t1: float):
+    """launch event -> the innermost op (cpu_op) enclosing it on its thread, or None; ops nest, so walking back
+    from the last op started before the launch, the first that still runs is the innermost."""
+    by_tid = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["ts"] < t1 and e["ts"] + e["dur"] >= t0:
+            by_tid[e["tid"]].append(e)
+    starts = {}
+    for tid, ops in by_tid.items():
+        ops.sort(key=lambda e: e["ts"])
+        starts[tid] = [e["ts"] for e in ops]
+
+    def innermost(launch: dict):
+        ops = by_tid.get(launch["tid"], [])
+        for i in range(bisect.bisect_right(starts.get(launch["tid"], []), launch["ts"]) - 1, -1, -1):
+            if ops[i]["ts"] + ops[i]["dur"] >= launch["ts"]:
+                return ops[i]
+        return None
+    return innermost
+
+
 def profile_step(events: list[dict], top: int = 12) -> dict:
     """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
-    wall), kernel count and time, kernel time by kind (kernel_kind) and by the plugin op that launched it, the top
-    kernels by total time, and the host time per call of the plugin's ops (titan_fp4six::*: custom ops when
-    compiled, record_function ranges in eager)."""
+    wall), kernel count and time, kernel time by kind (kernel_kind), by the plugin op that launched it and by the
+    innermost op that did (its name and input shapes: which aten call a copy or a fill comes from), the top kernels
+    by total time, and the host time per call of the plugin's ops (titan_fp4six::*: custom ops when compiled,
+    record_function ranges in eager)."""
     steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     if not steps:
         raise ValueError("no ProfilerStep#N span in the trace")
@@ -259,11 +282,16 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
                 and e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "correlation" in e.get("args", {})}
     under = defaultdict(lambda: defaultdict(float))
+    innermost, by_op = _innermost_ops(events, t0, t1), defaultdict(lambda: [0, 0.0])
     for k, kind in zip(kernels, kinds):
         launch = launches.get(k.get("args", {}).get("correlation"))
         owner = next((name for tid, b, f, name in ranges if launch is not None and launch["tid"] == tid
                       and b <= launch["ts"] < f), "outside the plugin's ops")
         under[owner][kind] += k["dur"] / 1e3
+        op = innermost(launch) if launch is not None else None
+        label = "no op" if op is None else f"{op['name']} {op.get('args', {}).get('Input Dims', '')}"[:120]
+        by_op[(kind, label)][0] += 1
+        by_op[(kind, label)][1] += k["dur"] / 1e3
     return {
         "step": step["name"], "wall_ms": step["dur"] / 1e3, "gpu_busy": busy / step["dur"], "kernels": len(kernels),
         "kernel_ms": sum(k["dur"] for k in kernels) / 1e3,
@@ -273,6 +301,8 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
                 for n, (c, d) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "host_ops": {n: {"calls": len(d), "mean_ms": sum(d) / len(d) / 1e3} for n, d in sorted(ops.items())},
         "kernel_ms_by_op": {op: dict(sorted(kinds.items(), key=lambda kv: -kv[1])) for op, kinds in under.items()},
+        "top_launching_ops": [{"kind": kind, "op": label, "count": c, "ms": d}
+                              for (kind, label), (c, d) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:top]],
     }
 
 
@@ -287,6 +317,9 @@ def profile_markdown(s: dict, label: str) -> str:
         lines += ["", "| kernels launched by | ms by kind |", "| --- | --- |"]
         lines += [f"| `{op}` | " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + " |"
                   for op, kinds in s["kernel_ms_by_op"].items()]
+    if s.get("top_launching_ops"):
+        lines += ["", "| kind | innermost op that launched it (input shapes) | kernels | ms |", "| --- | --- | --- | --- |"]
+        lines += [f"| {t['kind']} | `{t['op']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top_launching_ops"]]
     if s["host_ops"]:
         lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
         lines += [f"| `{n}` | {v['calls']} | {v['mean_ms']:.3f} |" for n, v in s["host_ops"].items()]

@@ -53,13 +53,19 @@ def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
               x("cudaLaunchKernel", "cuda_runtime", 500, 5, correlation=3),
               x("_quantize_kernel", "kernel", 200, 40, correlation=1),
               x("nvjet_sm90_tst_192x192", "kernel", 240, 100, correlation=2),
-              x("void at::native::direct_copy_kernel_cuda", "kernel", 600, 60, correlation=3)]
+              x("void at::native::direct_copy_kernel_cuda", "kernel", 600, 60, correlation=3),
+              x("aten::to", "cpu_op", 480, 40), x("aten::copy_", "cpu_op", 490, 20, **{"Input Dims": [[8, 4], [8, 4]]}),
+              x("aten::add", "cpu_op", 470, 5)]
     s = profile_step(events)
     assert s["kinds"] == {"GEMM": {"count": 1, "ms": 0.1}, "copies/casts": {"count": 1, "ms": 0.06},
                           "quantize": {"count": 1, "ms": 0.04}}
     assert s["kernel_ms_by_op"] == {"titan_fp4six::dense_fwd": {"GEMM": 0.1, "quantize": 0.04},
                                     "outside the plugin's ops": {"copies/casts": 0.06}}
     assert s["gpu_busy"] == 0.2 and kernel_kind("_rht16_columns_kernel") == "RHT"
+    assert s["top_launching_ops"] == [  # the innermost op running at each launch, the others by time
+        {"kind": "GEMM", "op": "no op", "count": 1, "ms": 0.1},
+        {"kind": "copies/casts", "op": "aten::copy_ [[8, 4], [8, 4]]", "count": 1, "ms": 0.06},
+        {"kind": "quantize", "op": "no op", "count": 1, "ms": 0.04}]
 
 
 def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():

@@ -143,9 +143,9 @@ def check_context(kind: str, cfg, converters: list[str], compile_cfg, tensor_par
                          f"(use quantize.linear.{FAMILY} and/or quantize.grouped_mm.{FAMILY} alone)")
     if kind == "linear" and cfg.cache_weights and compile_cfg.enable and "model" in compile_cfg.components:
         raise ValueError(f"{section}.cache_weights = true with compile.enable on the model: the weight cache "
-                         "runs in eager mode only and torch.compile traces the dense Linears (routed experts stay "
-                         f"eager: quantize.grouped_mm.{FAMILY}.cache_weights works with compile); set one of them "
-                         "to false")
+                         "runs in eager mode only and torch.compile traces the dense Linears (routed experts with "
+                         f"a cache run eagerly: quantize.grouped_mm.{FAMILY}.cache_weights works with compile); set "
+                         "one of them to false")
     if cfg.fidelity_every and compile_cfg.enable and "model" in compile_cfg.components:
         raise ValueError(f"{section}.fidelity_every = {cfg.fidelity_every} with compile.enable on the model: the "
                          "fidelity capture hooks run in eager mode only; set fidelity_every = 0 or disable compile")

@@ -41,7 +41,7 @@ class SectionBase:
     cache_weights: bool = False
     """Quantize each weight once per optimizer step and reuse it across gradient-accumulation micro-batches and
     activation-checkpoint recomputations (same results; holds ~1.6x the bf16 weights' bytes between steps;
-    eager modules only: the linear section refuses it with compile.enable, routed experts stay eager)."""
+    eager modules only: the linear section refuses it with compile.enable, routed experts with it run eagerly)."""
     fidelity_every: int = 0
     """Every N steps, log the per-GEMM NVFP4 vs 4/6 fidelity metrics and map-to-4 fraction of this section's
     modules on that step's batch to torchtitan's loggers (docs/fidelity_metrics.md); 0: off, no hooks."""

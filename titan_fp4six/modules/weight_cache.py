@@ -11,7 +11,7 @@ parameter, whose version FSDP2 preserves across all-gathers: only `invalidate` m
 
 The cache holds each weight's codes, scales and bf16 decode between steps (~1.6x the bf16 weight's bytes) and
 is bypassed while torch.compile traces (same results either way; torchtitan compiles the dense Linears, so the
-linear section refuses the pair, and leaves the routed experts eager, where the cache runs).
+linear section refuses the pair; converted routed experts with a cache run their chain eagerly).
 """
 
 from collections.abc import Callable
