@@ -14,7 +14,7 @@ import triton.language as tl
 from ..numerics.formats import DECODE_BIG_AMAX, DECODE_RESCALE
 from .amax_rows import AmaxLayout, load_row_amax
 from .bits import SIGN_BIT, e2m1_value, f32_reciprocal
-from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
+from .launch import COMPILE_OPTIONS, FastLaunch, cdiv, check_grid_y
 
 # A program decodes 8 rows x 32 blocks (4096 values), two blocks per thread: 8-byte code loads, 32-byte stores.
 BLOCK_ROWS = 8
@@ -85,9 +85,7 @@ def _decode(codes, scales, amax, scale_bound, dtype, groups=None):
     nblk = half // 8
     out = torch.empty(rows, half * 2, dtype=dtype, device=codes.device)
     grid = (cdiv(rows, BLOCK_ROWS), cdiv(nblk, BLOCK_BLOCKS))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"codes of shape {tuple(codes.shape)} need {grid[1]} programs along a row; the grid takes "
-                         f"at most {MAX_GRID_Y}")
+    check_grid_y(grid, f"a codes tensor of shape {tuple(codes.shape)}")
     if rows and nblk:
         factor = amax is not None
         amax = amax if factor else scales  # no global factor: any tensor for the unused pointers

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .bits import f32_reciprocal
 from .decode import OUT_KIND, bf16_rne
-from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
+from .launch import COMPILE_OPTIONS, FastLaunch, cdiv, check_grid_y
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
@@ -121,9 +121,7 @@ def _launch(acc, a_amax, a_mode, b_amax, group_of_row, a_bound, b_bound, dtype):
     m, n = acc.shape
     out = torch.empty(m, n, dtype=dtype, device=acc.device)
     grid = (cdiv(m, BLOCK_ROWS), cdiv(n, BLOCK_COLS))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"a product of shape {(m, n)} needs {grid[1]} programs along a row; the grid takes at most "
-                         f"{MAX_GRID_Y}")
+    check_grid_y(grid, f"a product of shape {(m, n)}")
     if m and n:
         grouped = group_of_row is not None
         _SCALE_CAST(grid, acc, a_amax, b_amax, group_of_row if grouped else a_amax, out, m, n,
@@ -154,9 +152,7 @@ def grouped_wgrad_scale_cast(prod, a_amax, a_bound: int, b_amax, b_bound: int, e
     out = torch.empty(experts, r, n, dtype=dtype, device=prod.device)
     rows_per_program = next(b for b in (BLOCK_ROWS, 8, 4, 2, 1) if r % b == 0)
     grid = (experts * r // rows_per_program, cdiv(n, BLOCK_COLS))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"a product of shape {tuple(prod.shape)} needs {grid[1]} programs along a row; the grid "
-                         f"takes at most {MAX_GRID_Y}")
+    check_grid_y(grid, f"a product of shape {tuple(prod.shape)}")
     if prod.numel():
         bf16 = prod.dtype == torch.bfloat16
         _WGRAD_SCALE_CAST(grid, prod.view(torch.int16) if bf16 else prod, a_amax, b_amax, empty_groups, out, r, n,
@@ -173,9 +169,7 @@ def zero_rows(x, flag, limit: int):
     rows = x.shape[0]
     cols = x.numel() // rows if rows else 0
     grid = (cdiv(rows, ZERO_BLOCK_ROWS), cdiv(cols, ZERO_BLOCK_COLS))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"a tensor of shape {tuple(x.shape)} needs {grid[1]} programs along a row; the grid takes "
-                         f"at most {MAX_GRID_Y}")
+    check_grid_y(grid, f"a tensor of shape {tuple(x.shape)}")
     if x.numel():
         _ZERO_ROWS(grid, x, flag, rows, cols, limit, ZERO_BLOCK_ROWS, ZERO_BLOCK_COLS, num_warps=WARPS,
                    **COMPILE_OPTIONS)

@@ -24,6 +24,13 @@ except ImportError:  # older Triton: no hooks object to consult; never take the 
     _knobs = None
 
 
+def check_grid_y(grid: tuple[int, ...], what: str) -> None:
+    """Raise where a launch over `what` (e.g. "a product of shape (M, N)") needs more programs along its grid's
+    second dimension than CUDA allows."""
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"{what} needs {grid[1]} programs along a row; the grid takes at most {MAX_GRID_Y}")
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host integers for grids: triton.cdiv is a constexpr function whose wrapper costs ~2 us
     a call on the host (22 calls per dense GEMM's forward and backward)."""
