@@ -191,6 +191,13 @@ def test_docs_name_only_what_exists():
     assert not report, "the docs name things that do not exist:\n" + "\n".join(report)
 
 
+def test_the_readme_links_every_page_of_docs():
+    """The README's docs index: a new page under docs/ is linked from it (the README is where a reader starts)."""
+    linked = {(ROOT / m.group(1).partition("#")[0]).resolve() for m in _LINK.finditer(_source(ROOT / "README.md"))}
+    missing = [str(p.relative_to(ROOT)) for p in doc_files()[1:] if p.resolve() not in linked]
+    assert not missing, f"README.md's docs index does not link {missing}"
+
+
 def test_the_check_catches_drift():
     """Each kind of stale name is found (the drift this test was written for included)."""
     page = ROOT / "docs" / "numerics.md"
