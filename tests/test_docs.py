@@ -12,7 +12,8 @@ What is checked, on every line of every page (code blocks included: their comman
   module's source (a function, class, constant or re-export);
 - relative links and images, resolved against the page's folder, and their anchors against the target page's
   headings (GitHub's slugs).
-Not checked: `outputs/` and `.venv*` (made by runs), `<placeholders>`, and the short allow-list below."""
+No path may climb out of the checkout (`../` past the root). Not checked: `outputs/` and `.venv*` (made by runs),
+`<placeholders>`, and the short allow-list below."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ _BARE = re.compile(_LEAD + r"([\w-]+\.(?:py|toml|sh))\b(?![/\w*-])")
 # `numerics/reference.py`, `formats.py`, `hadamard.py`: the later names of the first one's kind are in its folder
 _LIST = re.compile(r"`((?:[\w.-]+/)+)[\w-]+(\.\w+)`((?:,\s*(?:and\s+|or\s+)?`[\w.-]+\.\w+`)+)")
 _CODE_SPAN = re.compile(r"`[^`]*`")
+_UP = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-]*)")  # ../x: must stay inside the checkout
 _DOTTED = re.compile(r"(?<![\w./-])((?:titan_fp4six|scripts|tests)(?:\.\w+)+)")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 _SKIPPED = re.compile(r"^(?:outputs/|\.venv)")
@@ -144,8 +146,9 @@ def problems_in(text: str, page: Path) -> list[str]:
     for number, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
             in_code = not in_code
-        if "../shared" in line:
-            found.append(f"line {number}: a path outside the repository `../shared`")
+        for match in _UP.finditer(line):
+            if not (page.parent / match.group(1)).resolve().is_relative_to(ROOT):
+                found.append(f"line {number}: a path outside the repository `{match.group(1)}`")
         # links: not in code blocks or code spans (`kernel[grid](...)` is code)
         prose = "" if in_code else _CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)
         for match in _LINK.finditer(prose):
@@ -217,7 +220,7 @@ def test_the_check_catches_drift():
         "[a page](no_such_page.md)",
         "[a section](fidelity.md#no-such-heading)",
         "[up](../../elsewhere.md)",
-        "`../shared/x`",
+        "`../../elsewhere/x`",
     ]
     for line in stale:
         assert problems_in(line, page), line
