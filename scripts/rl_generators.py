@@ -89,13 +89,14 @@ def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
         prompts = [p for p in task.prompts(PROMPTS, random.Random(100 + seed)) for _ in range(GROUP)]
         for name in rows:
             gen = torch.Generator().manual_seed(seed)
+            sampling["seeds"] = torch.randint(0, 2 ** 31 - 1, (len(prompts),), generator=gen).tolist()
             if name == "vLLM":
-                ro = vllm.generate(prompts, generator=gen, **sampling)
+                ro = vllm.generate(prompts, **sampling)
             else:
                 cache = ExpertWeightCache()
                 consistent = name == "native consistent"
                 with cached_experts(model, cache) if not consistent else torch.no_grad():
-                    ro = generate(model, prompts, ops=kernels(consistent, cache), generator=gen, **sampling)
+                    ro = generate(model, prompts, ops=kernels(consistent, cache), **sampling)
             m = grpo.mismatch(rescore(model, prompts, ro, name == "native consistent"), ro.logprobs, ro.mask)
             m["logp"] = float(ro.logprobs[ro.mask].mean())
             rows[name].append(m)

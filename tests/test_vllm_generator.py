@@ -15,8 +15,10 @@ from torchtitan.models.qwen3 import Qwen3ModelArgs
 from tests.helpers.rl_helpers import score, tiny_args, tiny_model
 from titan_fp4six.modules import FourOverSixLinear
 from titan_fp4six.modules.experts import _FourOverSixExperts
+from titan_fp4six.ops import quantize_grouped_weight
 from titan_fp4six.quant.process_state import MAP4_STATS
 from titan_fp4six.rl import grpo
+from titan_fp4six.rl.experts import is_quantized, rollout_recipe
 from titan_fp4six.rl.forward import kernels
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (scripts/setup_vllm.sh makes .venv-vllm)")
@@ -41,8 +43,8 @@ def engine():
 
 
 def _rollout(gen, seed=0, temperature=1.0):
-    return gen.generate(PROMPTS, max_new_tokens=8, stop_ids=(1,), pad_id=1, temperature=temperature,
-                        generator=torch.Generator().manual_seed(seed))
+    seeds = torch.randint(0, 2 ** 31 - 1, (len(PROMPTS),), generator=torch.Generator().manual_seed(seed)).tolist()
+    return gen.generate(PROMPTS, max_new_tokens=8, stop_ids=(1,), pad_id=1, temperature=temperature, seeds=seeds)
 
 
 def test_converted_layers_inside_vllm_give_the_trainers_outputs_bitwise(engine):
@@ -95,7 +97,15 @@ def test_the_weights_follow_the_trainer_after_a_step(engine):
         gen.load_weights(trainer)
         after = _rollout(gen, temperature=0.5)
         assert not torch.equal(before.logprobs, after.logprobs)
-        assert gen.model.expert_cache.refreshes >= 2  # the experts quantized again after the copy
+        # the engine serves the experts as the trainer's weights quantize, never quantizing its own
+        assert gen.model.expert_cache.refreshes == 0
+        for name, experts in gen.model.titan.named_modules():
+            if is_quantized(experts):
+                served = gen.model.expert_cache.quantized(experts, [])
+                for w, qw in zip(("w1", "w2", "w3"), served):
+                    want = quantize_grouped_weight(trainer.get_submodule(name).get_parameter(w).transpose(-2, -1),
+                                                   recipe=rollout_recipe(experts.recipe))
+                    assert torch.equal(qw.codes, want.codes) and torch.equal(qw.amax, want.amax), (name, w)
     finally:
         with torch.no_grad():
             for p in trainer.parameters():

@@ -20,11 +20,11 @@ from ..quant.library import compile_opaque_op
 from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
 from ..quant.primitives import pick
 from ..quant.process_state import MAP4_STATS
-from ..quant.quantize import run_dequantize
+from ..quant.quantize import run_decode_block_scaled, run_dequantize
 from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
 from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
-from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows
+from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows, source_of
 
 _F8 = torch.float8_e4m3fn
 
@@ -226,6 +226,36 @@ def quantize_grouped_weight(B_t: Tensor, *, recipe: FourOverSixRecipe) -> Quanti
     forward quantizes them, to pass as its quantized_weight while they are unchanged."""
     check_expert_weights(B_t, recipe)
     return quantize_rows(_expert_rows(B_t), B_t.shape[0], recipe.plan(grouped=True), B_t)
+
+
+def quantize_grouped_weight_shard(w: Tensor, amax: Tensor, *, recipe: FourOverSixRecipe) -> tuple[Tensor, Tensor]:
+    """(codes (E'*N', K/2), scales (E'*N', K/16)) of a shard w (E', N', K) of expert weights (E, N, K): whole
+    experts or whole rows of them, with those experts' amaxes (E',) taken over their whole weights. Blocks run
+    along K and the amax is given, so these are quantize_grouped_weight's bytes for these rows: the shards of a
+    sharded weight assemble into the whole weight's quantization (rl/weight_sync.py)."""
+    check_expert_weights(w.transpose(-2, -1), recipe)
+    experts, rows, k = w.shape
+    if amax.shape != (experts,) or amax.dtype != torch.float32:
+        raise ValueError(f"amax must be float32 of shape ({experts},) (one per expert of the shard), got "
+                         f"{amax.dtype} {tuple(amax.shape)}")
+    q = gemm_quantizers(recipe.plan(grouped=True).key, True, w.device)
+    with torch.no_grad(), MAP4_STATS.paused():
+        operand = q.w.rows(w.reshape(experts * rows, k).contiguous(), amax.contiguous())
+    return operand.codes, operand.scales
+
+
+def assembled_grouped_weight(codes: Tensor, scales: Tensor, amax: Tensor, dtype: torch.dtype, *,
+                             recipe: FourOverSixRecipe) -> QuantizedWeight:
+    """The QuantizedWeight of whole expert weights (E, N, K) in `dtype` from their codes (E*N, K/2), scales
+    (E*N, K/16) and amaxes (E,) (assembled from quantize_grouped_weight_shard's pieces): what
+    quantize_grouped_weight(w.transpose(-2, -1)) returns, its decode included, for the forward to check and use."""
+    experts = amax.shape[0]
+    rows, half = codes.shape
+    plan = recipe.plan(grouped=True)
+    q = gemm_quantizers(plan.key, True, codes.device)
+    decoded = None if q.backends.fp4 else run_decode_block_scaled(codes, scales, q.backends.quantizer, torch.bfloat16)
+    return QuantizedWeight(codes, scales, decoded, amax,
+                           source_of((experts, half * 2, rows // experts), dtype, codes.device, plan))
 
 
 def decode_grouped_activations(A: Tensor, offs: Tensor, *, recipe: FourOverSixRecipe) -> tuple[Tensor, Tensor]:

@@ -45,7 +45,12 @@ class QuantizedWeight:
 
 
 def _source(weight: Tensor, plan: GemmPlan) -> tuple:
-    return plan.key, tuple(weight.shape), weight.dtype, weight.device
+    return source_of(tuple(weight.shape), weight.dtype, weight.device, plan)
+
+
+def source_of(shape: tuple, dtype: torch.dtype, device: torch.device, plan: GemmPlan) -> tuple:
+    """The `source` of a QuantizedWeight made from a weight of this shape, dtype and device with `plan`."""
+    return plan.key, tuple(shape), dtype, torch.device(device)
 
 
 def _describe(source: tuple) -> str:

@@ -28,11 +28,11 @@ from ..ops import FourOverSixRecipe, QuantizedWeight, decode_grouped_activations
 from ..quant.process_state import MAP4_STATS
 from . import consistent
 
-_NAMES = ("w1", "w2", "w3")
+WEIGHT_NAMES = ("w1", "w2", "w3")
 
 
 def is_quantized(experts) -> bool:
-    return getattr(experts, "recipe", None) is not None and all(hasattr(experts, n) for n in _NAMES)
+    return getattr(experts, "recipe", None) is not None and all(hasattr(experts, n) for n in WEIGHT_NAMES)
 
 
 @functools.cache
@@ -46,16 +46,25 @@ class ExpertWeightCache:
 
     def __init__(self):
         self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.refreshes = 0
         """How many times a module's weights were quantized (a test counts them)."""
 
     def invalidate(self) -> None:
         """Weights changed (a policy update): the next rollout quantizes them again, once."""
         self._caches.clear()
+        self._installed.clear()
+
+    def install(self, experts, weights: tuple[QuantizedWeight, QuantizedWeight, QuantizedWeight]) -> None:
+        """The (w1, w2, w3) QuantizedWeights a trainer sent (rl/weight_sync.py): served for `experts` until the next
+        install or invalidate, whatever its own parameters hold (an engine's expert parameters are not copied)."""
+        self._installed[experts] = weights
 
     def quantized(self, experts, weights: list[Tensor]) -> tuple[QuantizedWeight, ...]:
         """The QuantizedWeights of experts' (w1, w2, w3) operands `weights`, quantized on a miss; not counted in
         MAP4_STATS (the generator pauses it, the trainer's consistent forward is not the ops' training forward)."""
+        if experts in self._installed:
+            return self._installed[experts]
         cache = self._caches.setdefault(experts, WeightCache())
         before = cache.quantizations
         with MAP4_STATS.paused():
@@ -106,9 +115,9 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     order = torch.argsort(top_idx.view(-1), stable=True)
     counts = torch.bincount(top_idx.view(-1), minlength=experts.num_experts).tolist()
     rows = x[order // router.top_k]
-    w1, w2, w3 = (getattr(experts, n) for n in _NAMES)
+    w1, w2, w3 = (getattr(experts, n) for n in WEIGHT_NAMES)
     if is_quantized(experts):  # without a rollout's cache (the trainer's forward): quantized now, not kept
-        operands = [local_weight(getattr(experts, n), n, experts=True).float() for n in _NAMES]
+        operands = [local_weight(getattr(experts, n), n, experts=True).float() for n in WEIGHT_NAMES]
         weights = (cache or ExpertWeightCache()).quantized(experts, operands)
         recipe = rollout_recipe(experts.recipe)
         gemm = [functools.partial(_quantized_grouped_product, w, recipe) for w in weights]

@@ -7,6 +7,9 @@ k_norm}, attention_norm, ffn_norm, moe or feed_forward, norm, output, rope_cache
 - consistent mode: the same weights through the batch-invariant kernels of `consistent` (FP32).
 Slot convention: a token's RoPE position is its cache slot; sequences are right-padded, so padding sits after
 each row's real tokens and causality alone keeps it out of every real query.
+Every stage runs inside its module's own call (`through`): the model, the embedding, each decoder layer, the final
+norm and the LM head, so hooks a wrapper put there run around it (FSDP2's all-gather and reshard of a sharded
+trainer, expert parallelism's dispatch).
 """
 
 import functools
@@ -45,6 +48,20 @@ def _rope(x: Tensor, rope_cache: Tensor, positions: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def through(module, fn, *args):
+    """fn(*args) run as `module`'s forward, inside its call: the module's hooks (FSDP2 unsharding its parameters,
+    a parallelism's input and output handling) run around a computation that reads its parameters directly."""
+    own = module.__dict__.get("forward")
+    module.forward = fn
+    try:
+        return module(*args)
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+
 class _Kernels:
     """Fast mode: the model's own modules."""
 
@@ -80,21 +97,24 @@ class _Consistent(_Kernels):
     activation_dtype = torch.float32
 
     def linear(self, module, x):
-        out = consistent.mm(x.reshape(-1, x.shape[-1]), module.weight)
-        if module.bias is not None:
-            out = out + module.bias.float()
-        return out.view(*x.shape[:-1], -1)
+        def mm(x):
+            out = consistent.mm(x.reshape(-1, x.shape[-1]), module.weight)
+            if module.bias is not None:
+                out = out + module.bias.float()
+            return out.view(*x.shape[:-1], -1)
+        return through(module, mm, x)
 
     def norm(self, module, x):
-        return consistent.rms_norm(x, module.weight, module.eps if module.eps is not None else
-                                   torch.finfo(torch.float32).eps)
+        eps = module.eps if module.eps is not None else torch.finfo(torch.float32).eps
+        return through(module, lambda x: consistent.rms_norm(x, module.weight, eps), x)
 
     def attention(self, q, k, v, allowed, scale):
         rep = q.shape[1] // k.shape[1]
         return consistent.attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), allowed, scale)
 
     def moe(self, module, x):
-        return consistent_moe(module, x.reshape(-1, x.shape[-1]).float(), self.expert_cache).view(x.shape)
+        return through(module, lambda x: consistent_moe(module, x.reshape(-1, x.shape[-1]).float(),
+                                                        self.expert_cache).view(x.shape), x)
 
     def feed_forward(self, module, x):
         h = consistent.silu(self.linear(module.w1, x)) * self.linear(module.w3, x)
@@ -210,11 +230,14 @@ def forward(model, tokens: Tensor, positions: Tensor, ops: _Kernels, cache: KVCa
     Without a cache: whole right-padded sequences (positions = column index), causal; or, with `documents` (B, T),
     packed sequences (several per row, each with its own positions), causal within each. With a cache: K/V of these
     tokens go to slots `positions`, each query attends to slots <= its position."""
-    h = embed(model, ops, tokens)
-    allowed = _allowed(positions, cache, documents)
-    for i, layer in enumerate(model.layers.values()):
-        ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-        attend = functools.partial(_attention, layer.attention, ops, allowed=allowed, positions=positions,
-                                   cache_k=ck, cache_v=cv)
-        h = decoder_layer(layer, ops, h, model.rope_cache, positions, attend)
-    return ops.log_softmax(logits_of(model, ops, h))
+    def body(tokens):
+        h = embed(model, ops, tokens)
+        allowed = _allowed(positions, cache, documents)
+        for i, layer in enumerate(model.layers.values()):
+            ck, cv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
+            attend = functools.partial(_attention, layer.attention, ops, allowed=allowed, positions=positions,
+                                       cache_k=ck, cache_v=cv)
+            h = through(layer, functools.partial(decoder_layer, layer, ops, rope_cache=model.rope_cache,
+                                                 positions=positions, attend=attend), h)
+        return ops.log_softmax(logits_of(model, ops, h))
+    return through(model, body, tokens)

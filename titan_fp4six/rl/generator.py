@@ -6,6 +6,9 @@ sorted probabilities; the returned logprob of each token is under the distributi
 (temperature and top-p applied, renormalized), i.e. the sampling policy. Greedy when temperature == 0 (the model's
 logprob of the argmax is returned).
 With top_p < 1 the trainer cannot re-score the truncation, so the mismatch then includes it.
+Each row draws from its own generator, seeded by the caller (`seeds`, one per row, as vLLM takes a seed per
+request): a row's sample depends on its prompt, its seed and the weights, not on which other rows share its
+batch or on which rank generates it.
 """
 
 from dataclasses import dataclass
@@ -33,9 +36,15 @@ def tempered(logprobs: Tensor, temperature: float, log_softmax) -> Tensor:
     return logprobs if temperature in (0, 1) else log_softmax(logprobs.float() / temperature)
 
 
-def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+def row_generators(seeds: list[int], device) -> list[torch.Generator]:
+    """One generator per row, seeded `seeds[i]`."""
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def sample(logprobs: Tensor, temperature: float, top_p: float, generators: list[torch.Generator] | None,
            log_softmax=None) -> tuple[Tensor, Tensor]:
-    """logprobs (B, V) of the model -> (token (B,), its logprob under the sampling distribution (B,)).
+    """logprobs (B, V) of the model -> (token (B,), its logprob under the sampling distribution (B,)); row i
+    draws from generators[i] (None: the global generator).
 
     `log_softmax` renormalizes at temperature != 1 (the kernels' own, so the trainer can match it)."""
     if temperature == 0:  # greedy: report the model's logprob of the chosen token
@@ -48,7 +57,11 @@ def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.
         outside = probs.cumsum(-1) - probs >= top_p  # keeps the smallest prefix reaching top_p (>= 1 token)
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(outside, -torch.inf))
     policy = logits if top_p == 1.0 else torch.log_softmax(logits, dim=-1)
-    token = torch.multinomial(policy.exp(), 1, generator=generator).squeeze(-1)
+    probs = policy.exp()
+    if generators is None:
+        token = torch.multinomial(probs, 1).squeeze(-1)
+    else:
+        token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
     return token, policy.gather(-1, token[:, None]).squeeze(-1)
 
 
@@ -57,15 +70,19 @@ def sample(logprobs: Tensor, temperature: float, top_p: float, generator: torch.
 @MAP4_STATS.paused()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_ids: tuple[int, ...] = (),
              pad_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
-             generator: torch.Generator | None = None) -> Rollout:
-    """Sample up to `max_new_tokens` after each prompt; a row stops after emitting one of `stop_ids`."""
+             seeds: list[int] | None = None) -> Rollout:
+    """Sample up to `max_new_tokens` after each prompt, row i from a generator seeded seeds[i] (None: torch's
+    global generator); a row stops after emitting one of `stop_ids`."""
     if not prompts or min(len(p) for p in prompts) == 0:
         raise ValueError("generate needs at least one prompt, each with at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; it must be >= 1")
     if not 0 < top_p <= 1 or temperature < 0:
         raise ValueError(f"top_p={top_p} must be in (0, 1] and temperature={temperature} >= 0")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: one seed per prompt")
     device = model.tok_embeddings.weight.device
+    generators = None if seeds is None else row_generators(seeds, device)
     batch, longest = len(prompts), max(len(p) for p in prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     tokens = torch.full((batch, longest), pad_id, dtype=torch.long, device=device)
@@ -83,7 +100,7 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int, ops, stop_
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
-        token, lp = sample(step_lp, temperature, top_p, generator, ops.log_softmax)
+        token, lp = sample(step_lp, temperature, top_p, generators, ops.log_softmax)
         out_tokens[:, t] = torch.where(alive, token, pad_id)
         out_lp[:, t] = torch.where(alive, lp, 0.0)
         mask[:, t] = alive

@@ -6,6 +6,7 @@ from ..integration import job_config as _plugin
 
 
 GENERATORS = ("native", "vllm")
+WEIGHT_SYNCS = ("packed", "bf16")
 RESCORINGS = ("padded", "packed")
 
 
@@ -15,6 +16,11 @@ class RL:
     """Who samples the rollouts: "native" (the package's KV-cache generator on the trainer's model) or "vllm" (an
     in-process vLLM engine running the recipe's converted model, weights copied in after each step; needs
     scripts/setup_vllm.sh)."""
+    weight_sync: str = "packed"
+    """How the trainer's weights reach a rollout engine after each step (vLLM, or the native generator on N > 1
+    ranks): "packed" sends the converted experts as the rollout forward quantizes them (codes, scales, amaxes:
+    0.28x the bf16 bytes; the engine then holds the trainer's quantization bitwise) and the rest whole; "bf16"
+    sends every tensor whole and the engine quantizes its experts itself."""
     rescoring: str = "padded"
     """How the trainer lays out the rollouts it re-scores: "padded" (one right-padded row each) or "packed" (all
     in one row, a per-document causal mask, positions restarting per document: no padding computed; the same
@@ -44,11 +50,20 @@ class RL:
     """Seed of the prompt and sampling streams."""
     metrics_file: str = "rl_metrics.jsonl"
     """Per-step metrics as JSON lines, relative to job.dump_folder."""
+    rollouts_file: str = ""
+    """Every rollout as a JSON line (step, global row, prompt, response, logprobs, reward), relative to
+    job.dump_folder, one file per rank: "{rank}" in the name stands for it (e.g. "rollouts/rank{rank}.jsonl");
+    empty: none written."""
 
     def __post_init__(self):
         """Checked when the config loads, not at the first rollout."""
         if self.generator not in GENERATORS:
             raise ValueError(f"rl.generator={self.generator!r}; valid: {', '.join(map(repr, GENERATORS))}")
+        if self.rollouts_file and "{rank}" not in self.rollouts_file:
+            raise ValueError(f"rl.rollouts_file={self.rollouts_file!r} must contain '{{rank}}' (one file per rank), "
+                             "e.g. 'rollouts/rank{rank}.jsonl'; empty: no rollouts written")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"rl.weight_sync={self.weight_sync!r}; valid: {', '.join(map(repr, WEIGHT_SYNCS))}")
         if self.rescoring not in RESCORINGS:
             raise ValueError(f"rl.rescoring={self.rescoring!r}; valid: {', '.join(map(repr, RESCORINGS))}")
         if self.generator == "vllm" and self.consistent:

@@ -4,8 +4,7 @@ built and converted by the recipe's own converters, so the 4/6 Linears and exper
 `VLLMModel` is the model class vLLM builds: a torchtitan Qwen3 model (from the trainer's builder) whose decoder
 layers run through rl/forward.py's `decoder_layer` with vLLM's paged `Attention` as the attention core (vLLM
 schedules, caches keys/values and samples). Its weights are the trainer's, copied in memory after every optimizer
-step (`VLLMGenerator.load_weights`: no checkpoint on disk), its expert weights quantized once per copy, like the
-native generator's. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model object is
+step (rl/weight_sync.py: no checkpoint on disk), its experts as the trainer quantized them. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model object is
 reached directly, and the builder needs no pickling), prefix caching off (cached keys of an older policy would
 be reused after a weight update), and it reports the logprobs of the distribution it sampled from (temperature
 and top-p applied: the sampling policy, as the native generator does).
@@ -28,6 +27,7 @@ from ..vllm_plugin import scalar_inductor_on_default_capability
 from .experts import ExpertWeightCache, cached_experts
 from .forward import decoder_layer, embed, kernels, logits_of
 from .generator import Rollout
+from .weight_sync import WeightSync
 
 ARCHITECTURE = "TitanFp4sixQwen3ForCausalLM"
 """The architecture name the package registers in vLLM's ModelRegistry for VLLMModel."""
@@ -68,7 +68,7 @@ def check_engine(model_args, flavor: str, cpu: bool) -> None:
 
 class VLLMModel(nn.Module):
     """The vLLM model interface (forward over vLLM's flattened tokens, compute_logits) around the converted
-    torchtitan model; vLLM's dummy loader leaves its weights alone, the trainer's come by copy_weights_from."""
+    torchtitan model; vLLM's dummy loader leaves its weights alone, the trainer's come by VLLMGenerator.load_weights."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
@@ -101,12 +101,6 @@ class VLLMModel(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return logits_of(self.titan, self.ops, hidden_states).float()
-
-    def copy_weights_from(self, model: nn.Module) -> None:
-        """The trainer model's state (parameters and the routers' expert_bias buffers) into this one, in place;
-        the expert weights quantize again once, the converted Linears' caches see new version counters."""
-        self.titan.load_state_dict(model.state_dict())
-        self.expert_cache.invalidate()
 
 
 class VLLMGenerator:
@@ -145,8 +139,10 @@ class VLLMGenerator:
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 set before vLLM was imported?)")
         self.model = models[0]
 
-    def load_weights(self, model: nn.Module) -> None:
-        self.model.copy_weights_from(model)
+    def load_weights(self, model: nn.Module, mode: str = "packed") -> None:
+        """A trainer model's weights (whole or sharded) into the engine's (rl/weight_sync.py)."""
+        dtype = next(self.model.titan.parameters()).dtype
+        WeightSync(self.model.titan, self.model.expert_cache, mode, dtype)(model)
 
     def shutdown(self) -> None:
         """Stop the engine while torch.distributed is still up: vLLM's own teardown destroys the process groups
@@ -156,11 +152,10 @@ class VLLMGenerator:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, stop_ids: tuple[int, ...] = (),
                  pad_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None) -> Rollout:
+                 seeds: list[int] | None = None) -> Rollout:
         from vllm import SamplingParams
 
-        seeds = torch.randint(0, 2 ** 31 - 1, (len(prompts),), generator=generator,
-                              device=generator.device if generator is not None else None).tolist()
+        seeds = [None] * len(prompts) if seeds is None else seeds
         params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                                  stop_token_ids=list(stop_ids), ignore_eos=True, logprobs=0, seed=s,
                                  detokenize=False) for s in seeds]
