@@ -86,7 +86,8 @@ def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
     rewards = []
     sampling = dict(max_new_tokens=task.max_new_tokens(), stop_ids=(task.vocab.eos,), pad_id=task.vocab.eos)
     for seed in range(seeds):
-        prompts = [p for p in task.prompts(PROMPTS, random.Random(100 + seed)) for _ in range(GROUP)]
+        examples = [e for e in task.examples(PROMPTS, random.Random(100 + seed)) for _ in range(GROUP)]
+        prompts = [e.tokens for e in examples]
         for name in rows:
             gen = torch.Generator().manual_seed(seed)
             sampling["seeds"] = torch.randint(0, 2 ** 31 - 1, (len(prompts),), generator=gen).tolist()
@@ -101,7 +102,7 @@ def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
             m["logp"] = float(ro.logprobs[ro.mask].mean())
             rows[name].append(m)
             if name == "vLLM":
-                rewards.append(sum(task.reward(p, ro.tokens[i][ro.mask[i]].tolist()) for i, p in enumerate(prompts))
+                rewards.append(sum(task.reward(e, ro.tokens[i][ro.mask[i]].tolist()) for i, e in enumerate(examples))
                                / len(prompts))
     vllm.shutdown()
     return {"teach_loss": loss, "reward": sum(rewards) / len(rewards), "rows": rows}

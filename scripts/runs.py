@@ -774,14 +774,14 @@ def cmd_rl_signal(args, common):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rng, ops = random.Random(0), kernels(False)
     for step in range(args.steps):
-        prompts = [q for q in task.prompts(args.prompts, rng) for _ in range(args.group_size)]
-        tokens = torch.tensor(prompts)
-        logprobs = forward(model, tokens, torch.arange(tokens.shape[1]).expand(len(prompts), -1), ops)[:, -1]
+        examples = [e for e in task.examples(args.prompts, rng) for _ in range(args.group_size)]
+        tokens = torch.tensor([e.tokens for e in examples])
+        logprobs = forward(model, tokens, torch.arange(tokens.shape[1]).expand(len(examples), -1), ops)[:, -1]
         if args.mode == "supervised":
-            answers, weights = tokens[:, 1], torch.ones(len(prompts))
+            answers, weights = tokens[:, 1], torch.ones(len(examples))
         else:
             answers = torch.multinomial(logprobs.detach().exp(), 1).squeeze(-1)
-        rewards = torch.tensor([task.reward(q, [int(a)]) for q, a in zip(prompts, answers)])
+        rewards = torch.tensor([task.reward(e, [int(a)]) for e, a in zip(examples, answers)])
         if args.mode == "grpo":
             weights = grpo.group_advantages(rewards, args.group_size)
         elif args.mode == "baseline":

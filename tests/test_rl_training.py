@@ -200,13 +200,14 @@ def test_entropy_bonus_flattens_the_policy():
 def test_copy_task_rewards():
     vocab = Vocabulary.from_tokenizer(EMBEDDED, "0123")
     task = CopyTask(vocab, 2)
-    (prompt,) = task.prompts(1, random.Random(0))
+    (example,) = task.examples(1, random.Random(0))
+    prompt = example.tokens
     assert prompt[0] == vocab.bos and prompt[-1] == vocab.separator and len(prompt) == 4
     target = prompt[1:3]
-    assert task.reward(prompt, [*target, vocab.eos]) == 1.0
-    assert task.reward(prompt, [vocab.eos]) == 0.0
+    assert task.reward(example, [*target, vocab.eos]) == 1.0
+    assert task.reward(example, [vocab.eos]) == 0.0
     other = next(s for s in vocab.symbols if s != target[0])
-    assert task.reward(prompt, [other, target[1]]) == 0.5  # no credit for a wrong symbol
-    assert task.reward(prompt, [target[1], target[0]]) == (target[0] == target[1])
+    assert task.reward(example, [other, target[1]]) == 0.5  # no credit for a wrong symbol
+    assert task.reward(example, [target[1], target[0]]) == (target[0] == target[1])
     with pytest.raises(ValueError, match="rl.alphabet"):
         Vocabulary.from_tokenizer(EMBEDDED, "0=")

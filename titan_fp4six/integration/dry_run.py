@@ -62,14 +62,15 @@ def summarize(model: nn.Module, model_args, seq_len: int) -> Summary:
     return Summary(total, quantized, bf16_weights, int(flops), largest)
 
 
-def estimate_memory(s: Summary, config, model_args, gpus: int) -> dict[str, float]:
+def estimate_memory(s: Summary, config, model_args, gpus: int, tokens: int | None = None) -> dict[str, float]:
     """Per-GPU bytes for FSDP over `gpus` ranks with AdamW (fp32 params, grads and two moments: 16 B/param,
     sharded), two gathered bf16 layers (FSDP prefetch), activations by the recipe's activation_checkpoint.mode
     (full: one bf16 layer input kept per layer, plus a working set of ~34 bf16 hidden-size tensors and the
     routed-expert intermediates for the layer being recomputed; none, and selective as its upper bound: every
-    layer's working set kept), and fp32 logits with their gradient."""
+    layer's working set kept), and fp32 logits with their gradient; `tokens` per rank and step (default
+    training.local_batch_size x seq_len)."""
     t = config.training
-    tokens = t.local_batch_size * t.seq_len
+    tokens = t.local_batch_size * t.seq_len if tokens is None else tokens
     dim = model_args.dim
     moe = getattr(model_args, "moe_args", None)
     top_k = getattr(moe, "top_k", 1) if getattr(model_args, "moe_enabled", moe is not None) else 1

@@ -32,6 +32,14 @@ class RL:
     """Distinct prompts per step; each is sampled group_size times."""
     group_size: int = 8
     """Samples per prompt (GRPO group)."""
+    dataset: str = ""
+    """A JSON-lines file of {"prompt": ..., "answer": ...} to draw prompts from (rl/task.py: DatasetTask);
+    empty: the built-in copy task (task_length, alphabet)."""
+    reward: str = ""
+    """With a dataset: the reward function, "package.module:function", called as function(prompt, response,
+    answer) -> float on text (the response decoded without its <eos>)."""
+    max_new_tokens: int = 0
+    """With a dataset: the longest response sampled, in tokens (the copy task's is task_length + 1)."""
     task_length: int = 3
     """Symbols to copy per prompt."""
     alphabet: str = "0123456789"
@@ -59,6 +67,17 @@ class RL:
         """Checked when the config loads, not at the first rollout."""
         if self.generator not in GENERATORS:
             raise ValueError(f"rl.generator={self.generator!r}; valid: {', '.join(map(repr, GENERATORS))}")
+        if self.dataset or self.reward:
+            from .task import read_dataset, reward_function
+
+            if not (self.dataset and self.reward):
+                raise ValueError(f"rl.dataset={self.dataset!r} and rl.reward={self.reward!r}: a dataset task needs "
+                                 "both (the copy task, both empty, has its own reward)")
+            read_dataset(self.dataset)
+            reward_function(self.reward)
+            if type(self.max_new_tokens) is not int or self.max_new_tokens < 1:
+                raise ValueError(f"rl.max_new_tokens={self.max_new_tokens!r}: a dataset task needs the longest "
+                                 "response, an integer >= 1")
         if self.rollouts_file and "{rank}" not in self.rollouts_file:
             raise ValueError(f"rl.rollouts_file={self.rollouts_file!r} must contain '{{rank}}' (one file per rank), "
                              "e.g. 'rollouts/rank{rank}.jsonl'; empty: no rollouts written")

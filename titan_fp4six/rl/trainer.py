@@ -35,16 +35,17 @@ from .distributed import Ranks
 from .experts import ExpertWeightCache, cached_experts
 from .forward import forward, kernels, layout
 from .generator import Rollout, generate, tempered
-from .task import CopyTask, Vocabulary
+from .task import CopyTask, DatasetTask, Vocabulary
 from .weight_sync import WeightSync
 
 SUPPORTED_MODELS = ("qwen3",)
 """Model families whose modules rl/forward.py reads (Qwen3's attention: wq/wk/wv/wo, q_norm/k_norm, n_kv_heads)."""
 
 
-def check_rl_job(job_config) -> CopyTask:
+def check_rl_job(job_config, engine: bool = True) -> CopyTask | DatasetTask:
     """The checks that need more than the [rl] section (which checks itself when the config loads), before
-    torchtitan builds anything; returns the task."""
+    torchtitan builds anything, on WORLD_SIZE ranks; returns the task. engine=False: not the generator's
+    installation (a dry run plans for another machine)."""
     if getattr(job_config, "rl", None) is None:
         raise ValueError('python -m titan_fp4six.rl needs [job] custom_config_module = "titan_fp4six.rl.job_config"')
     check_before_training(job_config)
@@ -52,12 +53,21 @@ def check_rl_job(job_config) -> CopyTask:
     if name not in SUPPORTED_MODELS:
         raise ValueError(f"titan_fp4six.rl supports model.name = {', '.join(map(repr, SUPPORTED_MODELS))} (its forward "
                          f"reads their modules); got model.name={name!r}")
-    if cfg.generator == "vllm":
+    if cfg.generator == "vllm" and engine:
         from .vllm_generator import check_engine
 
         check_engine(get_train_spec(name).model_args[job_config.model.flavor], job_config.model.flavor,
                      not torch.cuda.is_available())
     check_layout(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.dataset:
+        task = DatasetTask(cfg.dataset, cfg.reward, job_config.model.hf_assets_path, cfg.max_new_tokens)
+        positions = task.max_positions()
+        if positions > job_config.training.seq_len:
+            raise ValueError(f"rl.dataset={cfg.dataset!r}: its longest prompt ({positions - cfg.max_new_tokens} tokens) "
+                             f"and rl.max_new_tokens={cfg.max_new_tokens} take {positions} positions, more than "
+                             f"training.seq_len={job_config.training.seq_len} (the model's RoPE table); shorten them "
+                             f"or raise training.seq_len to {positions}")
+        return task
     task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
     positions = task.max_positions()
     if positions > job_config.training.seq_len:
@@ -130,7 +140,7 @@ class RLTrainer(Trainer):
 
             self.vllm = VLLMGenerator(self._policy_copy, self.model_args, max_len=job_config.training.seq_len,
                                       max_seqs=cfg.prompts_per_step * cfg.group_size // self.ranks.world,
-                                      eos_id=self.task.vocab.eos, dtype=dtype, seed=cfg.seed)
+                                      eos_id=self.task.eos, dtype=dtype, seed=cfg.seed)
             self.engine, self.engine_cache = self.vllm.model.titan, self.vllm.model.expert_cache
         elif self.ranks.world > 1:
             self.engine, self.engine_cache = self._policy_copy().requires_grad_(False), ExpertWeightCache()
@@ -207,8 +217,8 @@ class RLTrainer(Trainer):
 
     def rollout(self, prompts, seeds) -> Rollout:
         cfg = self.job_config.rl
-        sampling = dict(max_new_tokens=self.task.max_new_tokens(), stop_ids=(self.task.vocab.eos,),
-                        pad_id=self.task.vocab.eos, temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds)
+        sampling = dict(max_new_tokens=self.task.max_new_tokens(), stop_ids=(self.task.eos,),
+                        pad_id=self.task.eos, temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds)
         if self.vllm is not None:
             return self.vllm.generate(prompts, **sampling)
         model = self.engine
@@ -227,7 +237,7 @@ class RLTrainer(Trainer):
         it was drawn from: every whole sequence in one forward, right-padded rows or packed (rl.rescoring)."""
         cfg = self.job_config.rl
         seqs = [p + ro.tokens[i][ro.mask[i]].tolist() for i, p in enumerate(prompts)]
-        batch = layout(seqs, self.task.vocab.eos, cfg.rescoring == "packed", self.device)
+        batch = layout(seqs, self.task.eos, cfg.rescoring == "packed", self.device)
         ops = kernels(cfg.consistent)
         with self._amp():
             logprobs = forward(model, batch.tokens, batch.positions, ops, documents=batch.documents)
@@ -243,10 +253,11 @@ class RLTrainer(Trainer):
     def rl_step(self) -> dict:
         cfg = self.job_config.rl
         model = self.model_parts[0]
-        unique = self.task.prompts(cfg.prompts_per_step, self.rng)
+        unique = self.task.examples(cfg.prompts_per_step, self.rng)
         seeds = torch.randint(0, 2 ** 31 - 1, (cfg.prompts_per_step * cfg.group_size,), generator=self.sampler)
         mine = self.ranks.groups(cfg.prompts_per_step)
-        prompts = [p for p in unique[mine] for _ in range(cfg.group_size)]
+        examples = [e for e in unique[mine] for _ in range(cfg.group_size)]
+        prompts = [e.tokens for e in examples]
         seeds = seeds[mine.start * cfg.group_size:mine.stop * cfg.group_size].tolist()
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
 
@@ -254,8 +265,8 @@ class RLTrainer(Trainer):
         ro = self.rollout(prompts, seeds)
         generated = int(ro.mask.sum())
         gen_time = self._sync() - start
-        rewards = torch.tensor([self.task.reward(p, ro.tokens[i][ro.mask[i]].tolist())
-                                for i, p in enumerate(prompts)])
+        rewards = torch.tensor([self.task.reward(e, ro.tokens[i][ro.mask[i]].tolist())
+                                for i, e in enumerate(examples)])
         advantages = grpo.group_advantages(rewards, cfg.group_size).to(self.device)
         tokens = self.ranks.total(generated, self.device)
         if self.rollouts_path is not None:

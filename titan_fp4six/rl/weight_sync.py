@@ -9,7 +9,8 @@ DTensors); every rank's engine holds the whole model. Two ways, `[rl] weight_syn
   are bitwise the whole weight's quantization (tests/test_rl_distributed.py). Everything else as in "bf16".
 - "bf16": every tensor gathered whole in the engine's dtype (the engine quantizes its experts itself on its
   first forward).
-The engine's own expert parameters are then not written (the installed QuantizedWeights are served instead).
+In packed mode the engine's own expert parameters become one-element placeholders of their shape (the ops read
+only their shape next to a QuantizedWeight): the engine holds its experts packed only.
 """
 
 import time
@@ -116,6 +117,10 @@ class WeightSync:
         self.engine, self.cache, self.mode, self.expert_dtype = engine, cache, mode, expert_dtype
         self.experts = {name: m for name, m in engine.named_modules() if is_quantized(m)} if mode == "packed" else {}
         self.packed = {f"{name}.{w}" for name in self.experts for w in WEIGHT_NAMES}
+        for m in self.experts.values():
+            for w in WEIGHT_NAMES:
+                p = getattr(m, w)
+                setattr(m, w, nn.Parameter(p.new_zeros((1,) * p.dim()).expand(p.shape), requires_grad=False))
         self.targets = dict(engine.named_parameters())
         self.targets.update(engine.named_buffers())
 

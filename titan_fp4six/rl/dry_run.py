@@ -1,0 +1,79 @@
+"""Dry run of a GRPO recipe on N ranks without its hardware: `python -m titan_fp4six.rl.dry_run --nproc N
+[--gpu-memory-gib 141] [--fp4-gemms] --job.config_file RECIPE [--section.key value ...]`.
+
+It parses the recipe, refuses a layout the trainer cannot run on N ranks (check_layout: FSDP2 and EP degrees,
+experts against EP, whole prompt groups per rank), builds and converts the model on the meta device, and prints
+the memory each rank needs: the trainer's shard (integration/dry_run.py's estimate, re-scoring this rank's
+rollouts), the KL reference's shard, and the whole-model rollout engine every rank holds (dense weights in the
+forward's dtype; the converted experts packed as the weight sync sends them, plus their bf16 decode where the
+GEMMs are emulated; the KV cache of this rank's rollouts). Exits non-zero when a rank needs more than 90% of
+--gpu-memory-gib. An estimate for planning, not a measurement.
+"""
+
+import argparse
+import os
+import sys
+
+from torchtitan.config import TORCH_DTYPE_MAP
+
+from ..integration.dry_run import GIB, build_and_convert, estimate_memory, summarize
+from .trainer import check_rl_job
+
+PACKED_BYTES = 0.5 + 1 / 16
+"""Bytes per expert weight element the engine holds packed: a 4-bit code and an E4M3 scale per 16."""
+
+
+def engine_memory(s, config, model_args, nproc: int, fp4_gemms: bool, positions: int) -> dict[str, float]:
+    """The rollout engine's bytes on one rank: whole dense weights, packed experts (+ decode), KV cache."""
+    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param].itemsize
+    experts = sum(n for fqn, (n, _) in s.quantized.items() if fqn.endswith("experts"))
+    cfg = config.rl
+    seqs = cfg.prompts_per_step * cfg.group_size // nproc
+    kv = seqs * positions * model_args.n_layers * 2 * model_args.n_kv_heads * model_args.head_dim * dtype * 5 / 4
+    parts = {"engine dense weights": (s.total_params - experts) * dtype,
+             "engine packed experts": experts * PACKED_BYTES}
+    if not fp4_gemms:
+        parts["engine experts' bf16 decode (emulated GEMMs)"] = experts * 2
+    parts["engine KV cache"] = kv
+    return parts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, required=True, help="ranks of the torchrun world (GPUs)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=141.0, help="memory per GPU (H200: 141, B200: 180)")
+    parser.add_argument("--fp4-gemms", action="store_true",
+                        help="Blackwell: real FP4 GEMMs, so the engine keeps no bf16 decode of its experts")
+    ours, rest = parser.parse_known_args(argv)
+    if ours.nproc < 1 or not ours.gpu_memory_gib > 0:
+        parser.error(f"--nproc {ours.nproc} must be >= 1 and --gpu-memory-gib {ours.gpu_memory_gib:g} > 0")
+    config, model_args, model = build_and_convert(rest)
+    if getattr(config, "rl", None) is None:
+        parser.error('the recipe has no [rl] section: [job] custom_config_module = "titan_fp4six.rl.job_config"')
+    os.environ["WORLD_SIZE"] = str(ours.nproc)  # what torchrun would set: check_rl_job checks the layout on it
+    task = check_rl_job(config, engine=False)
+    positions = task.max_positions()
+    s = summarize(model, model_args, config.training.seq_len)
+    cfg = config.rl
+    seqs = cfg.prompts_per_step * cfg.group_size // ours.nproc
+    trainer = estimate_memory(s, config, model_args, ours.nproc, tokens=seqs * positions)
+    if cfg.kl_coef > 0:
+        trainer["KL reference (fp32, sharded)"] = 4 * s.total_params / ours.nproc
+    engine = engine_memory(s, config, model_args, ours.nproc, ours.fp4_gemms, positions)
+    print(f"recipe {config.job.config_file}: {config.model.name} {config.model.flavor} on {ours.nproc} ranks "
+          f"(FSDP2 {config.parallelism.data_parallel_shard_degree}, EP {config.parallelism.expert_parallel_degree}); "
+          f"{cfg.generator} engine per rank; {seqs} rollouts of <= {positions} positions per rank")
+    for title, parts in (("trainer", trainer), ("engine", engine)):
+        print(f"{title}: {sum(parts.values()) / GIB:.1f} GiB")
+        for key, value in parts.items():
+            print(f"  {key}: {value / GIB:.2f} GiB")
+    total = (sum(trainer.values()) + sum(engine.values())) / GIB
+    print(f"per rank: {total:.1f} GiB of {ours.gpu_memory_gib:g} GiB")
+    if total > 0.9 * ours.gpu_memory_gib:
+        sys.exit(f"rl dry run: {ours.nproc} ranks need {total:.1f} GiB each, more than 90% of --gpu-memory-gib "
+                 f"{ours.gpu_memory_gib:g}: use more ranks (torchrun --nproc_per_node / nodes), Blackwell's FP4 "
+                 "GEMMs (no engine decode), or fewer rollouts per step")
+
+
+if __name__ == "__main__":
+    main()
