@@ -1,7 +1,7 @@
 """GRPO on 2 CPU ranks (torchrun, gloo): time per step and the weight sync's bytes and seconds, packed against bf16;
 writes docs/results/rl_sync.md with the 30B-A3B recipe's arithmetic on 8 GPUs.
 
-    python -m scripts.rl_sync [--steps 6] [--flavor debugmodel_moe] [--out outputs/rl_sync]
+    python -m scripts.rl_sync [--steps 8] [--flavor tiny] [--out outputs/rl_sync]
 
 Each configuration runs once as a whole torchrun job (steps after the first are measured: the first includes
 start-up work); figures are medians over those steps, per rank maxima as the trainer logs them.
@@ -67,8 +67,8 @@ def thirty_b() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--flavor", default="debugmodel_moe")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--flavor", default="tiny")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_sync")
     parser.add_argument("--generators", default="native", help="comma-separated: native, vllm (needs .venv-vllm)")
     args = parser.parse_args()

@@ -139,17 +139,18 @@ def test_the_rl_launcher_refuses_them_before_building_the_model(tmp_path):
 
 
 def test_the_readmes_cpu_command_runs_two_steps(tmp_path):
-    """The README's CPU RL command as written (its dump folder moved to tmp_path), on the package's tiny flavor."""
+    """The README's CPU RL command as written (2 torchrun processes; its dump folder moved to tmp_path), on the
+    package's tiny flavor."""
     text = (REPO / "README.md").read_text()
-    block = text[text.index("python -m titan_fp4six.rl --job.config_file", text.index("on the package's `tiny` flavor")):]
-    args = block[:block.index("```")].replace("\\\n", " ").split()[3:]
-    assert "--model.flavor" in args and "tiny" in args
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "titan_fp4six.rl", *args, "--job.dump_folder", str(tmp_path)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+    start = text.index("torchrun", text.index("on the package's `tiny` flavor"))
+    args = text[start:text.index("```", start)].replace("\\\n", " ").split()
+    assert args[0] == "torchrun" and "--model.flavor" in args and "tiny" in args
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *args[1:], "--job.dump_folder", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(line)["step"] for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    rows = [json.loads(line) for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["ranks"] == 2 for r in rows)
 
 
 def test_recipes_parse_and_differ_only_in_the_converter():

@@ -15,8 +15,9 @@ _NO_FIRST_BF16 = [arg for kind in ("linear", "grouped_mm")
                   for arg in (f"--quantize.{kind}.four_over_six.bf16_first_layers", "0")]
 ON_TINY = {name: _NO_FIRST_BF16 for name in ("qwen3_moe_debug_nvfp4_full.toml",
                                             "qwen3_moe_debug_nvfp4_four_over_six_full.toml")}
-"""Overrides for the tiny flavor: Qwen3's has 2 layers, which the full recipes' bf16 window (first and last
-layer) would cover whole."""
+ON_TINY["rl_grpo_qwen3_30b_a3b_varlen_nvfp4_four_over_six.toml"] = ["--parallelism.expert_parallel_degree", "1"]
+"""Overrides for the tiny flavor in one process: Qwen3's has 2 layers, which the full recipes' bf16 window (first
+and last layer) would cover whole; the 30B recipe's expert parallelism is for 8 ranks."""
 RECIPES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))  # tiny models over a dozen steps: a large step size shows learning
 
 
