@@ -81,6 +81,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     (["--rl.generator", "sglang"], r"rl.generator='sglang'; valid: 'native', 'vllm'"),
     (["--rl.rescoring", "varlen"], r"rl.rescoring='varlen'; valid: 'padded', 'packed'"),
     (["--rl.generator", "vllm", "--rl.consistent"], r"rl.consistent=true with rl.generator='vllm': .* native generator"),
+    (["--rl.alphabet="], r"rl.alphabet='': the copy task draws its prompts"),
+    (["--rl.generator", "vllm", "--rl.temperature", "0.005"],
+     r"rl.temperature=0.005 with rl.generator='vllm': vLLM samples at 0.01 instead .* rl.temperature >= 0.01"),
 ])
 def test_rl_arguments_are_checked_when_the_config_loads(args, match, capsys):
     """top_p and temperature were refused only at the first rollout; temperature 0 trained on zero advantages."""

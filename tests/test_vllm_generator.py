@@ -118,6 +118,16 @@ def test_a_flavor_whose_head_dim_vllm_cannot_run_is_refused_before_building():
         check_engine(Qwen3ModelArgs(head_dim=16), "x", cpu=True)
 
 
+def test_the_refused_temperatures_are_the_ones_vllm_raises():
+    """rl/job_config.py keeps vLLM's floor without importing vLLM: it must follow vLLM's."""
+    from vllm import SamplingParams
+
+    from titan_fp4six.rl.job_config import VLLM_MIN_TEMPERATURE
+
+    assert SamplingParams(temperature=VLLM_MIN_TEMPERATURE).temperature == VLLM_MIN_TEMPERATURE
+    assert SamplingParams(temperature=VLLM_MIN_TEMPERATURE / 2).temperature == VLLM_MIN_TEMPERATURE
+
+
 def test_grpo_with_the_vllm_generator_runs_the_readmes_cpu_command(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     cmd = [sys.executable, "-m", "titan_fp4six.rl", "--job.config_file",

@@ -8,6 +8,9 @@ from ..integration import job_config as _plugin
 GENERATORS = ("native", "vllm")
 WEIGHT_SYNCS = ("packed", "bf16")
 RESCORINGS = ("padded", "packed")
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM's SamplingParams raises a temperature below this to it (vllm/sampling_params.py: _MAX_TEMP, with a log
+line only), while the trainer re-scores at the set one."""
 
 
 @dataclass
@@ -78,6 +81,9 @@ class RL:
             if type(self.max_new_tokens) is not int or self.max_new_tokens < 1:
                 raise ValueError(f"rl.max_new_tokens={self.max_new_tokens!r}: a dataset task needs the longest "
                                  "response, an integer >= 1")
+        elif not self.alphabet:
+            raise ValueError("rl.alphabet='': the copy task draws its prompts from these single-character tokens; "
+                             "give at least one, e.g. '0123456789' (the default)")
         if self.rollouts_file and "{rank}" not in self.rollouts_file:
             raise ValueError(f"rl.rollouts_file={self.rollouts_file!r} must contain '{{rank}}' (one file per rank), "
                              "e.g. 'rollouts/rank{rank}.jsonl'; empty: no rollouts written")
@@ -98,6 +104,11 @@ class RL:
             raise ValueError(f"rl.temperature={self.temperature!r}; it must be > 0 (1 samples the policy itself): at 0 "
                              "every sample of a group is the same greedy answer, so every advantage is 0 and only "
                              "the entropy bonus would train")
+        if self.generator == "vllm" and self.temperature < VLLM_MIN_TEMPERATURE:
+            raise ValueError(f"rl.temperature={self.temperature!r} with rl.generator='vllm': vLLM samples at "
+                             f"{VLLM_MIN_TEMPERATURE} instead (it raises lower temperatures) while the trainer re-scores "
+                             f"at {self.temperature!r}; use rl.temperature >= {VLLM_MIN_TEMPERATURE} or "
+                             "rl.generator='native'")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rl.top_p={self.top_p!r}; it must be in (0, 1] (1: no nucleus truncation)")
         if not (self.clip_eps > 0 and self.kl_coef >= 0 and self.entropy_coef >= 0):
