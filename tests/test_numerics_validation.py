@@ -81,6 +81,11 @@ def test_amax_helpers():
     assert group_amax(x.bfloat16(), offs).dtype == torch.float32
     with pytest.raises(TypeError, match="offs must be a non-empty 1-D int32"):
         group_amax(x, offs.long())
+    # the grouped GEMM's offs checks: group_amax returned values for offs it refuses
+    with pytest.raises(ValueError, match=r"offs must be non-negative and non-decreasing .* got \[3, 1, 3\]"):
+        group_amax(x, torch.tensor([3, 1, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"offs\[-1\]=5 exceeds the 4 rows of x"):
+        group_amax(x, torch.tensor([1, 1, 5], dtype=torch.int32))
 
 
 def test_token_groups_reference():

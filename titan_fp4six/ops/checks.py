@@ -89,16 +89,6 @@ def check_grouped(A, B_t, offs, recipe) -> None:
     check_same_device(("A", A), ("B_t", B_t), ("offs", offs))
 
 
-def check_offs_values(offs: torch.Tensor, rows: int) -> None:
-    """Value checks of offs; they read the values, so they run where that costs no device sync (CPU)."""
-    if offs.device.type != "cpu" or offs.numel() == 0:
-        return
-    if bool((offs[0] < 0) | (torch.diff(offs) < 0).any()):
-        raise ValueError(f"offs must be non-negative and non-decreasing (inclusive group ends), got {offs.tolist()}")
-    if int(offs[-1]) > rows:
-        raise ValueError(f"offs[-1]={int(offs[-1])} exceeds the {rows} rows of A")
-
-
 def check_loaded_weight(x, weight, experts: int, recipe) -> None:
     """x (M, K) and a QuantizedWeight.loaded of (R, K) codes with one amax (experts=0) or one per expert."""
     check_recipe(recipe)

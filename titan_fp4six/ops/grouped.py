@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..numerics.groups import RowGroups
 from ..numerics.reference import amax_per_row, global_decode_factor
-from ..quant.amax import run_token_groups
+from ..quant.amax import check_offs_values, run_token_groups
 from ..quant.epilogue import ZERO_ROWS
 from ..quant.grad_operands import grouped_grad_operands
 from ..quant.library import compile_opaque_op
@@ -22,7 +22,7 @@ from ..quant.primitives import pick
 from ..quant.process_state import MAP4_STATS
 from ..quant.quantize import run_decode_block_scaled, run_dequantize
 from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
-from .checks import check_expert_weights, check_grouped, check_loaded_weight, check_offs_values
+from .checks import check_expert_weights, check_grouped, check_loaded_weight
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows, source_of
 

@@ -10,6 +10,17 @@ from ..numerics.reference import row_amax_reference, tensor_amax_reference
 from .primitives import Primitive, pick
 
 
+def check_offs_values(offs: torch.Tensor, rows: int, name: str = "A") -> None:
+    """Value checks of offs, shared by the grouped GEMMs and the public group_amax; they read the values, so they run
+    where that costs no device sync (CPU)."""
+    if offs.device.type != "cpu" or offs.numel() == 0:
+        return
+    if bool((offs[0] < 0) | (torch.diff(offs) < 0).any()):
+        raise ValueError(f"offs must be non-negative and non-decreasing (inclusive group ends), got {offs.tolist()}")
+    if int(offs[-1]) > rows:
+        raise ValueError(f"offs[-1]={int(offs[-1])} exceeds the {rows} rows of {name}")
+
+
 def _dense_amaxes_reference(x: torch.Tensor, w: torch.Tensor, row_scaled: bool) -> torch.Tensor:
     x_amax = row_amax_reference(x) if row_scaled else tensor_amax_reference(x).view(1)
     return torch.cat((x_amax, tensor_amax_reference(w).view(1)))

@@ -126,7 +126,8 @@ def row_amax(x: torch.Tensor) -> torch.Tensor:
 
 def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """max |x| over the rows of each token group (FP32, length E); rows past offs[-1] are never read into a
-    group, empty groups get 0. `offs` holds inclusive group ends (length E, int32, non-decreasing)."""
+    group, empty groups get 0. `offs` holds inclusive group ends (length E, int32, non-decreasing, at most the rows:
+    checked on the CPU, as the grouped GEMM checks them)."""
     if x.dim() != 2:
         raise ValueError(f"group_amax needs a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
     if (not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1 or not offs.numel()
@@ -135,4 +136,5 @@ def group_amax(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
                else type(offs).__name__)
         raise TypeError(f"offs must be a non-empty 1-D int32 tensor of inclusive group ends on x's device "
                         f"({x.device}), got {got}")
+    _amax.check_offs_values(offs, x.shape[0], "x")
     return _amax.run_token_groups(x, offs, False, resolved_quantizer("auto", x.device))[0]
