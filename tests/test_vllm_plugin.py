@@ -195,3 +195,19 @@ def test_a_weight_update_copied_into_the_parameters_in_place_takes_effect(served
         with torch.no_grad():
             for t, s in zip((layer.weight, layer.weight_scale, layer.weight_scale_2), saved):
                 t.copy_(s)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("modules", ["model.layers.0.self_attn.o_proj"], r"'modules' must map each quantized module's name to its knobs "
+                                                      r".*got list"),
+    ("modules", None, r"'modules' must map .*got NoneType None"),
+    ("ignore", "lm_head", r"'ignore' must be a list of module names, got 'lm_head'"),
+])
+def test_a_malformed_quantization_config_is_named(field, value, match):
+    """A list or null for modules ended in AttributeError: 'list' object has no attribute 'items'."""
+    from titan_fp4six.vllm_plugin.config import FourOverSixConfig
+
+    config = {"quant_method": "four_over_six", "format": "nvfp4", "tensors": "modelopt", "group_size": 16,
+              "modules": {}, "ignore": []}
+    with pytest.raises(ValueError, match=match):
+        FourOverSixConfig.from_config(config | {field: value})

@@ -47,8 +47,15 @@ class FourOverSixConfig(QuantizationConfig):
                              f"group_size 16 are what this plugin reads (python -m titan_fp4six.export --format "
                              f"nvfp4); got {({k: config.get(k) for k in ('format', 'tensors', 'group_size')})}"
                              f"{f', unknown keys {sorted(unknown)}' if unknown else ''}")
-        recipes = {name: serving_recipe(knobs, name) for name, knobs in config.get("modules", {}).items()}
-        return cls(recipes, list(config.get("ignore", [])))
+        modules, ignore = config.get("modules", {}), config.get("ignore", [])
+        if not isinstance(modules, dict):
+            raise ValueError(f"quantization_config of {QUANT_METHOD!r}: 'modules' must map each quantized module's "
+                             f"name to its knobs (an object, as python -m titan_fp4six.export writes it), got "
+                             f"{type(modules).__name__} {modules!r:.200}")
+        if not isinstance(ignore, list) or not all(isinstance(n, str) for n in ignore):
+            raise ValueError(f"quantization_config of {QUANT_METHOD!r}: 'ignore' must be a list of module names, got "
+                             f"{ignore!r:.200}")
+        return cls({name: serving_recipe(knobs, name) for name, knobs in modules.items()}, list(ignore))
 
     def _partitions(self, prefix: str) -> list[str]:
         """The checkpoint modules a (possibly fused) vLLM layer loads: qkv_proj -> q_proj, k_proj, v_proj."""
