@@ -162,6 +162,18 @@ def test_a_converter_that_converts_nothing_is_an_error(args, converters, match):
         convert(model, job)
 
 
+def test_linears_left_out_only_for_their_dims_are_named_when_nothing_converts():
+    """The error blamed fqns / filter_fqns / bf16_*_layers and never named the dims (the experts converter does)."""
+    from titan_fp4six.integration.rules import select_linears
+
+    cfg = job_config().quantize.linear.four_over_six
+    linears = [("layers.0.attention.wq", 40, 48), ("layers.1.feed_forward.w1", 32, 24), ("output", 40, 2048)]
+    with pytest.raises(ValueError, match=rf"{LIN} converted no nn.Linear: every one it selects has a dimension .*"
+                                         r"layers.0.attention.wq \(in_features=40 not a multiple of 16\); "
+                                         r"layers.1.feed_forward.w1 \(out_features=24 not a multiple of 16\)"):
+        select_linears(linears, cfg, LIN, set())
+
+
 def test_allow_empty_opts_out_of_the_empty_conversion_error():
     job = job_config(f"--{LIN}.bf16_first_layers", "6", f"--{LIN}.allow_empty",
                      f"--{GMM}.bf16_first_layers", "6", f"--{GMM}.allow_empty")

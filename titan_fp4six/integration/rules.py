@@ -77,6 +77,11 @@ def select_linears(linears: list[tuple[str, int, int]], cfg, section: str,
     missing = [p for p in cfg.fqns if p not in hits]
     if missing:
         raise ValueError(f"{section}.fqns entries {missing} match no nn.Linear in the model")
+    if skipped and not converted and not cfg.allow_empty:
+        raise ValueError(f"{section} converted no nn.Linear: every one it selects has a dimension that NVFP4 cannot "
+                         f"block ({len(skipped)}: {'; '.join(skipped[:4])}{'; ...' if len(skipped) > 4 else ''}), "
+                         f"so this run would be plain bf16. Use a model whose Linear dims are multiples of {BLOCK}, "
+                         f"drop the converter from model.converters, or set {section}.allow_empty = true")
     check_not_empty(cfg, section, converted, "nn.Linear",
                     f"{section}.fqns / filter_fqns / bf16_first_layers / bf16_last_layers")
     return converted, skipped
