@@ -12,7 +12,7 @@ WORKERS=${TEST_WORKERS:-$("$PY" -c "import os; print(min(8, len(os.sched_getaffi
 bash scripts/setup.sh
 "$PY" -m pytest -q -n "$WORKERS" tests "$@"
 bash scripts/setup_tt03.sh
-.venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py \
+.venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py tests/test_tt03_rl.py \
   tests/test_integration_version.py "$@"
 if "$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')"; then
   bash scripts/setup_vllm.sh
