@@ -109,6 +109,26 @@ def test_an_unknown_flavor_names_the_valid_ones():
         check_job_config(job_config("--model.name", "deepseek_v3", "--model.flavor", "debugmodel_nope"))
 
 
+def test_a_flavor_registered_by_custom_import_is_a_valid_flavor(tmp_path, monkeypatch):
+    """The flavor check ran before torchtitan imports experimental.custom_import, refusing the flavor it adds."""
+    from torchtitan.models.deepseek_v3 import deepseekv3_args
+
+    (tmp_path / "user_flavor_66.py").write_text(
+        "from torchtitan.models.deepseek_v3 import deepseekv3_args\n"
+        "deepseekv3_args['user_flavor_66'] = deepseekv3_args['tiny']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "user_flavor_66", raising=False)
+    try:
+        check_job_config(job_config("--model.name", "deepseek_v3", "--model.flavor", "user_flavor_66",
+                                    "--experimental.custom_import", "user_flavor_66"))
+    finally:
+        deepseekv3_args.pop("user_flavor_66", None)
+        sys.modules.pop("user_flavor_66", None)
+    with pytest.raises(ValueError, match=r"experimental.custom_import='nope_66' is not importable "
+                                         r"\(ModuleNotFoundError: No module named 'nope_66'\)"):
+        check_job_config(job_config("--experimental.custom_import", "nope_66"))
+
+
 @pytest.mark.parametrize("args, world, match", [
     (["--parallelism.tensor_parallel_degree", "2"], 1, r"tensor_parallel_degree=2 .*needs 2 processes .*WORLD_SIZE=1"),
     (["--parallelism.data_parallel_shard_degree", "2"], 1, r"needs 2 processes"),
