@@ -150,8 +150,23 @@ def test_layouts_the_trainer_cannot_run_are_refused_at_start(monkeypatch, world,
         check_rl_job(job)
 
 
+def test_an_engine_kv_cache_too_small_for_one_sequence_is_refused_at_start(monkeypatch):
+    from torchtitan.config.manager import ConfigManager
+
+    from titan_fp4six.rl.trainer import check_rl_job
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    job = ConfigManager().parse_args(["--job.config_file", rl_ranks.RECIPE, "--model.flavor", "tiny",
+                                      "--rl.generator", "vllm", "--rl.engine_kv_cache_gib", "1e-6"])
+    with pytest.raises(ValueError, match=r"rl.engine_kv_cache_gib=1e-06 holds less than one whole sequence of "
+                                         r"model.flavor='tiny' \(9 positions"):
+        check_rl_job(job, engine=False)
+
+
 @pytest.mark.parametrize("args, match", [
     (["--rl.rollouts_file", "rollouts.jsonl"], r"rl.rollouts_file='rollouts.jsonl' must contain '\{rank\}'"),
+    (["--rl.engine_kv_cache_gib", "1"], r"rl.engine_kv_cache_gib=1.0 sizes the vLLM engine's KV cache"),
+    (["--rl.generator", "vllm", "--rl.engine_kv_cache_gib", "-1"], r"rl.engine_kv_cache_gib=-1.0; it must be >= 0"),
     (["--rl.weight_sync", "fp8"], r"rl.weight_sync='fp8'; valid: 'packed', 'bf16'"),
 ])
 def test_rl_knobs_are_checked_when_the_config_loads(args, match, capsys):

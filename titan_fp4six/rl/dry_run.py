@@ -6,7 +6,7 @@ experts against EP, whole prompt groups per rank), builds and converts the model
 the memory each rank needs: the trainer's shard (integration/dry_run.py's estimate, re-scoring this rank's
 rollouts), the KL reference's shard, and the whole-model rollout engine every rank holds (dense weights in the
 forward's dtype; the converted experts packed as the weight sync sends them, plus their bf16 decode where the
-GEMMs are emulated; the KV cache of this rank's rollouts). Exits non-zero when a rank needs more than 90% of
+GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollouts whole). Exits non-zero when a rank needs more than 90% of
 --gpu-memory-gib. An estimate for planning, not a measurement.
 """
 
@@ -18,6 +18,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 
 from ..integration.dry_run import GIB, build_and_convert, estimate_memory, summarize
 from .trainer import check_rl_job
+from .vllm_generator import kv_cache_bytes
 
 PACKED_BYTES = 0.5 + 1 / 16
 """Bytes per expert weight element the engine holds packed: a 4-bit code and an E4M3 scale per 16."""
@@ -25,12 +26,12 @@ PACKED_BYTES = 0.5 + 1 / 16
 
 def engine_memory(s, config, model_args, nproc: int, fp4_gemms: bool, positions: int) -> dict[str, float]:
     """The rollout engine's bytes on one rank: whole dense weights, packed experts (+ decode), KV cache."""
-    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param].itemsize
+    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]
     experts = sum(n for fqn, (n, _) in s.quantized.items() if fqn.endswith("experts"))
     cfg = config.rl
     seqs = cfg.prompts_per_step * cfg.group_size // nproc
-    kv = seqs * positions * model_args.n_layers * 2 * model_args.n_kv_heads * model_args.head_dim * dtype * 5 / 4
-    parts = {"engine dense weights": (s.total_params - experts) * dtype,
+    kv = cfg.engine_kv_cache_gib * GIB or kv_cache_bytes(model_args, seqs, positions, dtype)
+    parts = {"engine dense weights": (s.total_params - experts) * dtype.itemsize,
              "engine packed experts": experts * PACKED_BYTES}
     if not fp4_gemms:
         parts["engine experts' bf16 decode (emulated GEMMs)"] = experts * 2

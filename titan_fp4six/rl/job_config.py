@@ -24,6 +24,9 @@ class RL:
     ranks): "packed" sends the converted experts as the rollout forward quantizes them (codes, scales, amaxes:
     0.28x the bf16 bytes; the engine then holds the trainer's quantization bitwise) and the rest whole; "bf16"
     sends every tensor whole and the engine quantizes its experts itself."""
+    engine_kv_cache_gib: float = 0.0
+    """The vLLM engine's KV cache on each rank, GiB; 0: one step's rollouts of that rank, whole (what a
+    synchronous GRPO step needs). Checked at start-up to hold at least one whole sequence."""
     rescoring: str = "padded"
     """How the trainer lays out the rollouts it re-scores: "padded" (one right-padded row each) or "packed" (all
     in one row, a per-document causal mask, positions restarting per document: no padding computed; the same
@@ -87,6 +90,13 @@ class RL:
         if self.rollouts_file and "{rank}" not in self.rollouts_file:
             raise ValueError(f"rl.rollouts_file={self.rollouts_file!r} must contain '{{rank}}' (one file per rank), "
                              "e.g. 'rollouts/rank{rank}.jsonl'; empty: no rollouts written")
+        if not self.engine_kv_cache_gib >= 0:
+            raise ValueError(f"rl.engine_kv_cache_gib={self.engine_kv_cache_gib!r}; it must be >= 0 (0: sized to one "
+                             "step's rollouts)")
+        if self.engine_kv_cache_gib and self.generator != "vllm":
+            raise ValueError(f"rl.engine_kv_cache_gib={self.engine_kv_cache_gib!r} sizes the vLLM engine's KV cache; "
+                             "the native generator allocates each batch's cache itself: drop it or set "
+                             "rl.generator='vllm'")
         if self.weight_sync not in WEIGHT_SYNCS:
             raise ValueError(f"rl.weight_sync={self.weight_sync!r}; valid: {', '.join(map(repr, WEIGHT_SYNCS))}")
         if self.rescoring not in RESCORINGS:

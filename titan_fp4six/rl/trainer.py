@@ -38,6 +38,7 @@ from .generator import Rollout, generate, tempered
 from .task import CopyTask, DatasetTask, Vocabulary
 from .weight_sync import WeightSync
 
+GIB = 1024 ** 3
 SUPPORTED_MODELS = ("qwen3",)
 """Model families whose modules rl/forward.py reads (Qwen3's attention: wq/wk/wv/wo, q_norm/k_norm, n_kv_heads)."""
 
@@ -59,6 +60,22 @@ def check_rl_job(job_config, engine: bool = True) -> CopyTask | DatasetTask:
         check_engine(get_train_spec(name).model_args[job_config.model.flavor], job_config.model.flavor,
                      not torch.cuda.is_available())
     check_layout(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+    task = _task(job_config)
+    if cfg.engine_kv_cache_gib:
+        from .vllm_generator import kv_cache_bytes
+
+        args = get_train_spec(name).model_args[job_config.model.flavor]
+        one = kv_cache_bytes(args, 1, task.max_positions(), TORCH_DTYPE_MAP[job_config.training.mixed_precision_param])
+        if cfg.engine_kv_cache_gib * GIB < one:
+            raise ValueError(f"rl.engine_kv_cache_gib={cfg.engine_kv_cache_gib!r} holds less than one whole sequence of "
+                             f"model.flavor={job_config.model.flavor!r} ({task.max_positions()} positions: "
+                             f"{one / GIB:.3g} GiB); raise it or set 0 (one step's rollouts)")
+    return task
+
+
+def _task(job_config) -> CopyTask | DatasetTask:
+    """The [rl] task, checked against training.seq_len (the model's RoPE table)."""
+    cfg = job_config.rl
     if cfg.dataset:
         task = DatasetTask(cfg.dataset, cfg.reward, job_config.model.hf_assets_path, cfg.max_new_tokens)
         positions = task.max_positions()
@@ -138,9 +155,10 @@ class RLTrainer(Trainer):
         if cfg.generator == "vllm":
             from .vllm_generator import VLLMGenerator
 
-            self.vllm = VLLMGenerator(self._policy_copy, self.model_args, max_len=job_config.training.seq_len,
+            self.vllm = VLLMGenerator(self._policy_copy, self.model_args, max_len=self.task.max_positions(),
                                       max_seqs=cfg.prompts_per_step * cfg.group_size // self.ranks.world,
-                                      eos_id=self.task.eos, dtype=dtype, seed=cfg.seed)
+                                      eos_id=self.task.eos, dtype=dtype, seed=cfg.seed,
+                                      kv_bytes=int(cfg.engine_kv_cache_gib * GIB) or None)
             self.engine, self.engine_cache = self.vllm.model.titan, self.vllm.model.expert_cache
         elif self.ranks.world > 1:
             self.engine, self.engine_cache = self._policy_copy().requires_grad_(False), ExpertWeightCache()

@@ -103,12 +103,21 @@ class VLLMModel(nn.Module):
         return logits_of(self.titan, self.ops, hidden_states).float()
 
 
+def kv_cache_bytes(model_args, sequences: int, positions: int, dtype: torch.dtype) -> int:
+    """Keys and values of `sequences` whole sequences of `positions` tokens, a quarter more for vLLM's block
+    rounding: the engine's KV cache when [rl] engine_kv_cache_gib is 0 (vLLM's CPU default would take most of the
+    machine's memory)."""
+    a = model_args
+    return sequences * positions * a.n_layers * 2 * a.n_kv_heads * a.head_dim * dtype.itemsize * 5 // 4
+
+
 class VLLMGenerator:
     """An in-process vLLM engine over the converted model `build()` returns; `generate` has the native
-    generator's arguments and returns its Rollout."""
+    generator's arguments and returns its Rollout. `kv_bytes`: its KV cache (None: kv_cache_bytes of max_seqs
+    sequences of max_len)."""
 
     def __init__(self, build, model_args, *, max_len: int, max_seqs: int, eos_id: int, dtype: torch.dtype,
-                 seed: int):
+                 seed: int, kv_bytes: int | None = None):
         global _pending_builder
         vllm = import_vllm()
         from vllm import ModelRegistry
@@ -120,10 +129,8 @@ class VLLMGenerator:
         config = qwen3_config(model_args, architecture=ARCHITECTURE, max_positions=max_len, eos_id=eos_id,
                               bos_id=eos_id, dtype=str(dtype).removeprefix("torch."))
         Path(self._folder.name, "config.json").write_text(json.dumps(config))
-        a = model_args
-        # keys and values of max_seqs whole sequences, a quarter more for block rounding (vLLM's CPU default
-        # takes most of the machine's memory)
-        kv_bytes = max_seqs * max_len * a.n_layers * 2 * a.n_kv_heads * a.head_dim * dtype.itemsize * 5 // 4
+        if kv_bytes is None:
+            kv_bytes = kv_cache_bytes(model_args, max_seqs, max_len, dtype)
         _pending_builder = build
         before = set(_built)
         try:
