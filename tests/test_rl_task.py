@@ -80,3 +80,18 @@ def test_a_bad_dataset_line_is_named(tmp_path, line, match, capsys):
         ConfigManager().parse_args(["--job.config_file", RECIPE, "--rl.dataset", str(path), "--rl.reward", REWARD,
                                     "--rl.max_new_tokens", "3"])
     assert re.search(match, re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().err))
+
+
+def test_a_dataset_longer_than_the_rope_table_is_refused_before_the_build(tmp_path, monkeypatch):
+    from torchtitan.config.manager import ConfigManager
+
+    from titan_fp4six.rl.trainer import check_rl_job
+
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"prompt": "1 2 3 4 5 6 7 8 9 " * 8, "answer": "x"}) + "\n")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    job = ConfigManager().parse_args(["--job.config_file", RECIPE, "--model.flavor", "tiny", "--rl.dataset", str(path),
+                                      "--rl.reward", REWARD, "--rl.max_new_tokens", "8"])
+    with pytest.raises(ValueError, match=r"its longest prompt \(\d+ tokens\) and rl.max_new_tokens=8 take \d+ "
+                                         r"positions, more than training.seq_len=64 .*raise training.seq_len to \d+"):
+        check_rl_job(job, engine=False)

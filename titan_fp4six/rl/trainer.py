@@ -75,23 +75,22 @@ def check_rl_job(job_config, engine: bool = True) -> CopyTask | DatasetTask:
 
 def _task(job_config) -> CopyTask | DatasetTask:
     """The [rl] task, checked against training.seq_len (the model's RoPE table)."""
-    cfg = job_config.rl
+    cfg, seq_len = job_config.rl, job_config.training.seq_len
     if cfg.dataset:
         task = DatasetTask(cfg.dataset, cfg.reward, job_config.model.hf_assets_path, cfg.max_new_tokens)
         positions = task.max_positions()
-        if positions > job_config.training.seq_len:
-            raise ValueError(f"rl.dataset={cfg.dataset!r}: its longest prompt ({positions - cfg.max_new_tokens} tokens) "
-                             f"and rl.max_new_tokens={cfg.max_new_tokens} take {positions} positions, more than "
-                             f"training.seq_len={job_config.training.seq_len} (the model's RoPE table); shorten them "
-                             f"or raise training.seq_len to {positions}")
-        return task
-    task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
-    positions = task.max_positions()
-    if positions > job_config.training.seq_len:
-        raise ValueError(f"rl.task_length={cfg.task_length}: a prompt ({cfg.task_length} + 2 tokens) and its response "
-                         f"(up to {task.max_new_tokens()}) take {positions} positions, more than training.seq_len="
-                         f"{job_config.training.seq_len} (the model's RoPE table); use rl.task_length <= "
-                         f"{(job_config.training.seq_len - 3) // 2} or training.seq_len >= {positions}")
+        what = (f"rl.dataset={cfg.dataset!r}: its longest prompt ({positions - cfg.max_new_tokens} tokens) and "
+                f"rl.max_new_tokens={cfg.max_new_tokens}")
+        fix = f"shorten them or raise training.seq_len to {positions}"
+    else:
+        task = CopyTask(Vocabulary.from_tokenizer(job_config.model.hf_assets_path, cfg.alphabet), cfg.task_length)
+        positions = task.max_positions()
+        what = (f"rl.task_length={cfg.task_length}: a prompt ({cfg.task_length} + 2 tokens) and its response (up to "
+                f"{task.max_new_tokens()})")
+        fix = f"use rl.task_length <= {(seq_len - 3) // 2} or training.seq_len >= {positions}"
+    if positions > seq_len:
+        raise ValueError(f"{what} take {positions} positions, more than training.seq_len={seq_len} (the model's RoPE "
+                         f"table); {fix}")
     return task
 
 
