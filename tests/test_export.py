@@ -3,6 +3,8 @@ folder; the refusals before anything is written; with transformers installed (th
 exported folder loads in transformers and gives the torchtitan model's logits."""
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -23,8 +25,9 @@ def _job(*extra):
                                        *extra])
 
 
-def _checkpoint(tmp_path, job, bias=False):
-    """A torchtitan model-only DCP folder of the recipe's model with its own random initialization."""
+def _checkpoint(tmp_path, job, bias=False, nan=False):
+    """A torchtitan model-only DCP folder of the recipe's model with its own random initialization (nan: one NaN
+    in an expert weight)."""
     spec = get_train_spec("qwen3")
     args = spec.model_args["tiny"]
     args.update_from_config(job)
@@ -34,6 +37,8 @@ def _checkpoint(tmp_path, job, bias=False):
         model.init_weights(buffer_device=None)
         if bias:
             model.layers["1"].moe.expert_bias.add_(0.5)
+        if nan:
+            model.layers["1"].moe.experts.w1[3, 0, 0] = float("nan")
     folder = tmp_path / "checkpoint" / "step-1"
     dcp.save(model.state_dict(), checkpoint_id=str(folder))
     return model, folder
@@ -166,3 +171,129 @@ def test_nvfp4_export_refuses_what_vllm_would_run_differently(tmp_path):
     with pytest.raises(ValueError, match=r"output is converted, but vLLM runs lm_head unquantized"):
         export.export(head, folder, tmp_path / "b", "nvfp4")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_an_unusable_or_busy_out_is_refused_before_the_checkpoint_is_read(tmp_path):
+    """They were found at mkdir, after loading and quantizing (the checkpoint here does not exist: the --out error
+    must come first)."""
+    job, nowhere = _job(), tmp_path / "no-checkpoint"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"--out .*file/hf: cannot write there \((NotADirectoryError|FileExistsError)"):
+        export.export(job, nowhere, tmp_path / "file" / "hf", "bf16")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(ValueError, match=r"--out .*link is a dangling symlink \(to .*gone\)"):
+        export.export(job, nowhere, tmp_path / "link", "bf16")
+    with pytest.raises(ValueError, match=r"--out .*file exists and is not a folder"):
+        export.export(job, nowhere, tmp_path / "file", "bf16")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / export.CLAIM).write_text("")  # another export writing there, or a killed one
+    with pytest.raises(ValueError, match=r"--out .*busy exists and is not empty"):
+        export.export(job, nowhere, tmp_path / "busy", "bf16")
+    with pytest.raises(ValueError, match=r"not a torchtitan DCP folder"):
+        export.export(job, nowhere, tmp_path / "new" / "deeper" / "hf", "bf16")
+    assert not (tmp_path / "new").exists()  # a refused export removes the folders it made
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(ValueError, match=r"--out .*ro/hf: cannot write there \(PermissionError"):
+            export.export(job, nowhere, tmp_path / "ro" / "hf", "bf16")
+
+
+def test_two_overlapping_exports_into_one_folder_do_not_both_write(tmp_path, monkeypatch):
+    """The --out check was not atomic: an export started while another was reading its checkpoint printed "wrote"
+    too, and one of the two folders was lost."""
+    job = _job()
+    _, folder = _checkpoint(tmp_path, job)
+    out, seen = tmp_path / "hf", []
+    read = export.load_checkpoint
+
+    def load_and_start_another(*args):
+        if not seen:
+            with pytest.raises(ValueError, match=r"--out .*hf exists and is not empty \(another export is writing"):
+                seen.append(export.export(job, folder, out, "bf16"))
+            seen.append("refused")
+        return read(*args)
+
+    monkeypatch.setattr(export, "load_checkpoint", load_and_start_another)
+    export.export(job, folder, out, "bf16")
+    assert seen == ["refused"] and sorted(p.name for p in out.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_the_launchers_config_checks_run_before_the_checkpoint_is_read(tmp_path):
+    """A converter typo ended in a bare KeyError after the checkpoint was read; a knob without its converter was
+    ignored (training refuses it)."""
+    nowhere = tmp_path / "no-checkpoint"
+    typo = _job("--model.converters", "quantize.grouped_mm.four_over_sx")
+    with pytest.raises(ValueError, match=r"model.converters lists \['quantize.grouped_mm.four_over_sx'\], which no "
+                                         r"converter is registered as"):
+        export.export(typo, nowhere, tmp_path / "a", "nvfp4")
+    unused = _job("--quantize.linear.four_over_six.err_mode", "mae")
+    with pytest.raises(ValueError, match=r"\[quantize.linear.four_over_six\] is configured but model.converters"):
+        export.export(unused, nowhere, tmp_path / "b", "nvfp4")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_nvfp4_refuses_a_recipe_that_quantizes_nothing(tmp_path):
+    """It wrote a folder labelled nvfp4 with an empty module list."""
+    bf16 = ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / "rl_grpo_qwen3_moe_debug_bf16.toml"),
+                                       "--model.flavor", "tiny", "--model.hf_assets_path",
+                                       str(REPO / "titan_fp4six/integration/embedded")])
+    with pytest.raises(ValueError, match=r"--format nvfp4: model.converters=\[\] lists no four_over_six converter"):
+        export.export(bf16, tmp_path / "no-checkpoint", tmp_path / "a", "nvfp4")
+    empty = _job("--quantize.grouped_mm.four_over_six.bf16_first_layers", "2",
+                 "--quantize.grouped_mm.four_over_six.allow_empty")
+    _, folder = _checkpoint(tmp_path, empty)
+    with pytest.raises(ValueError, match=r"--format nvfp4: the recipe's converters convert no module"):
+        export.export(empty, folder, tmp_path / "b", "nvfp4")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    """One NaN turned an expert's 256 block scales and its factor NaN, written without a word."""
+    job = _job()
+    _, folder = _checkpoint(tmp_path, job, nan=True)
+    for fmt in ("nvfp4", "bf16"):
+        with pytest.raises(ValueError, match=r"holds non-finite weights \(NaN/Inf\) in 1 tensors "
+                                             r"\(layers.1.moe.experts.w1\): the run diverged"):
+            export.export(job, folder, tmp_path / fmt, fmt)
+
+
+def test_a_missing_or_truncated_shard_is_named_not_blamed_on_the_recipe(tmp_path):
+    job = _job()
+    _, folder = _checkpoint(tmp_path, job)
+    shard = next(folder.glob("*.distcp"))
+    cut = tmp_path / "cut" / "step-1"
+    shutil.copytree(folder, cut)
+    (cut / shard.name).write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=rf"shard {shard.name} is truncated \(1000 bytes, its .metadata needs"):
+        export.export(job, cut, tmp_path / "a", "bf16")
+    (cut / shard.name).unlink()
+    with pytest.raises(ValueError, match=rf"shard {shard.name} is missing"):
+        export.export(job, cut, tmp_path / "b", "bf16")
+
+
+def test_common_tokenizer_configs_export(tmp_path):
+    """Qwen3's own "bos_token": null gave KeyError: None; an AddedToken-object eos TypeError: unhashable dict; both
+    after the checkpoint was read."""
+    job_dir = tmp_path / "tok"
+    shutil.copytree(REPO / "titan_fp4six/integration/embedded", job_dir)
+    config = json.loads((job_dir / "tokenizer_config.json").read_text())
+    config.update(bos_token=None, eos_token={"content": "<|end_of_text|>", "lstrip": False, "normalized": False,
+                                             "rstrip": False, "single_word": False, "special": True})
+    (job_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    job = _job("--model.hf_assets_path", str(job_dir))
+    _, folder = _checkpoint(tmp_path, job)
+    out = json.loads((export.export(job, folder, tmp_path / "hf", "bf16") / "config.json").read_text())
+    vocab, _, eos = export.tokenizer_ids(REPO / "titan_fp4six/integration/embedded")
+    assert out["bos_token_id"] is None and out["eos_token_id"] == eos == vocab["<|end_of_text|>"]
+    from titan_fp4six.rl.task import DatasetTask, Vocabulary  # the RL task reads the same two ids
+
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    task = DatasetTask(tmp_path / "data.jsonl", "tests.helpers.rewards:prefix_match", job_dir, 3)
+    assert task.eos == eos and task.prompts[0] == task.tokenizer.encode("1+2=", add_special_tokens=False).ids
+    with pytest.raises(ValueError, match=r"the copy task's prompts start with <bos>, but .* has bos_token null"):
+        Vocabulary.from_tokenizer(job_dir, "0123")
+    config["eos_token"] = "<|nope|>"
+    (job_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: eos_token='<\|nope\|>' is not a token of "):
+        export.export(job, tmp_path / "no-checkpoint", tmp_path / "hf2", "bf16")

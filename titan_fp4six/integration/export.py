@@ -15,15 +15,17 @@ quantized module with the knobs its forward needs. vLLM runs a layer's q/k/v (an
 projections as one fused layer with one quantization method, so they must be converted alike; each keeps its
 own global scale (the plugin applies them per partition, where stock loaders take their max).
 
-DIR is a torchtitan checkpoint folder (a `step-N` DCP folder; model-only or full). Everything is checked before
-anything is written: the model family and routing the HF classes compute, a router bias (`moe.expert_bias`,
-learned when load balancing is on) that HF Qwen3-MoE cannot hold, checkpoint tensors that do not fit the
-recipe's model, fused projections converted differently, a quantized module vLLM cannot quantize (the LM head),
-an existing non-empty OUT.
+DIR is a torchtitan checkpoint folder (a `step-N` DCP folder; model-only or full). OUT is checked and claimed first
+(CLAIM), then the launchers' config checks run, then everything else before anything is written: the model family
+and routing the HF classes compute, the tokenizer's bos/eos, a router bias (`moe.expert_bias`, learned when load
+balancing is on) that HF Qwen3-MoE cannot hold, checkpoint tensors that do not fit the recipe's model, missing or
+truncated shards, non-finite weights, fused projections converted differently, a quantized module vLLM cannot
+quantize (the LM head), an nvfp4 export that would quantize nothing. A refused export removes what it made.
 """
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -41,9 +43,10 @@ from ..modules.linear import FourOverSixLinear
 from ..ops import quantize_grouped_weight, quantize_linear_weight
 from ..ops.checkpoint import QUANT_METHOD, serving_knobs, weight_tensors
 from . import job_config as _job_config  # noqa: F401  (registers the plugin's sections and flavors)
+from .checks import check_job_config
 from .converters import KINDS, configured_section
-from .flavors import check_flavor
 from .hf_config import check_hf_equivalent, qwen3_config, tokenizer_ids
+from .sections import FAMILY
 
 FORMATS = ("bf16", "nvfp4")
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -60,12 +63,50 @@ def load_checkpoint(job_config, spec, args, checkpoint: Path) -> dict[str, torch
     state = {k: v.float() for k, v in model.state_dict().items()}
     if not (checkpoint / ".metadata").exists():
         raise ValueError(f"--checkpoint {checkpoint}: not a torchtitan DCP folder (no .metadata); pass a step-N folder")
+    check_checkpoint_files(job_config, checkpoint, state)
     try:
         dcp.load(state, checkpoint_id=str(checkpoint))
-    except (Exception, CheckpointException) as e:  # a missing key or another model's shape (DCP's BaseException)
-        raise ValueError(f"--checkpoint {checkpoint} does not hold the model of {job_config.job.config_file} "
-                         f"(model.name={job_config.model.name!r}, flavor={job_config.model.flavor!r}): {e}") from e
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        raise ValueError(f"--checkpoint {checkpoint}: its .metadata lists this model's tensors but they could not be "
+                         f"read ({type(e).__name__}: {str(e)[:300]}); a shard is corrupt: copy the step-N folder "
+                         "again or pick another step") from e
+    bad = [k for k, v in state.items() if not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"--checkpoint {checkpoint} holds non-finite weights (NaN/Inf) in {len(bad)} tensors "
+                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the run diverged before this "
+                         "step; export an earlier step")
     return state
+
+
+def check_checkpoint_files(job_config, checkpoint: Path, state: dict[str, torch.Tensor]) -> None:
+    """Before reading: the .metadata must list the model's tensors at the model's shapes (else: another model), and
+    every shard file it names must exist and be as long as the metadata says (else: an incomplete copy)."""
+    try:
+        metadata = dcp.FileSystemReader(str(checkpoint)).read_metadata()
+    except Exception as e:
+        raise ValueError(f"--checkpoint {checkpoint}: its .metadata cannot be read ({type(e).__name__}: {e}); the "
+                         "folder is truncated or not a torchtitan checkpoint") from e
+    listed = metadata.state_dict_metadata
+    missing = [k for k in state if k not in listed]
+    shapes = [f"{k} {tuple(listed[k].size)} (the model's {tuple(v.shape)})" for k, v in state.items()
+              if k in listed and tuple(getattr(listed[k], "size", v.shape)) != tuple(v.shape)]
+    if missing or shapes:
+        what = f"{len(missing)} of its tensors are missing ({', '.join(missing[:3])}...)" if missing else \
+            f"tensors of other shapes: {'; '.join(shapes[:3])}"
+        raise ValueError(f"--checkpoint {checkpoint} does not hold the model of {job_config.job.config_file} "
+                         f"(model.name={job_config.model.name!r}, flavor={job_config.model.flavor!r}): {what}")
+    needed: dict[str, int] = {}
+    for index, info in (metadata.storage_data or {}).items():
+        if index.fqn in state:
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        path = checkpoint / name
+        if not path.is_file():
+            raise ValueError(f"--checkpoint {checkpoint}: shard {name} is missing (its .metadata lists it): the "
+                             "folder is an incomplete copy; copy the step-N folder again or pick another step")
+        if path.stat().st_size < size:
+            raise ValueError(f"--checkpoint {checkpoint}: shard {name} is truncated ({path.stat().st_size} bytes, "
+                             f"its .metadata needs {size}); copy the step-N folder again or pick another step")
 
 
 def hf_state(spec, state: dict[str, torch.Tensor], args, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -133,6 +174,10 @@ def nvfp4_state(job_config, spec, args, state: dict[str, torch.Tensor]) -> tuple
             for suffix, t in weight_tensors(qw.codes[rows], qw.scales[rows], amax, recipe.scale_bound).items():
                 tensors[f"{module}.{suffix}"] = t
             modules[_hf_module(hf_name)] = serving_knobs(recipe)
+    if not modules:
+        raise ValueError(f"--format nvfp4: the recipe's converters convert no module (model.converters="
+                         f"{job_config.model.converters}), so the folder would be bf16 labelled nvfp4; export --format "
+                         "bf16, or fix the recipe's four_over_six sections")
     check_fused_alike(modules, tensors)
     ignore = sorted({_hf_module(k) for k in tensors if k.endswith(".weight") and tensors[k].dim() == 2
                      and "norm" not in k and "embed_tokens" not in k} - set(modules))
@@ -154,12 +199,71 @@ def check_fused_alike(modules: dict[str, dict], tensors: dict[str, torch.Tensor]
                                  "them alike or none (filter_fqns / fqns)")
 
 
+CLAIM = ".export-in-progress"
+"""Created in --out with O_EXCL before any work and removed when the folder is complete: two exports into one folder
+cannot both write, and a killed export leaves it behind (the folder is then refused: not empty)."""
+
+
+def claim_out(out: Path) -> Path | None:
+    """Make --out (or take it empty) and claim it, before anything is read: an unusable --out (under a file, a
+    dangling symlink, a read-only place) or a busy one is refused first. Returns the topmost folder created."""
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"--out {out} is a dangling symlink (to {os.readlink(out)}); pass a folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder; pass a new folder")
+    busy = f"--out {out} exists and is not empty (another export is writing there, or was killed); pass a new folder"
+    if (out / CLAIM).exists():
+        raise ValueError(busy)
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"--out {out} exists and is not empty; pass a new folder")
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(out / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        raise ValueError(busy) from None
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({type(e).__name__}: {e.strerror}); pass a folder you "
+                         "can write") from e
+    if any(p.name != CLAIM for p in out.iterdir()):  # another export finished between the check and the claim
+        (out / CLAIM).unlink()
+        raise ValueError(f"--out {out} exists and is not empty; pass a new folder")
+    return created
+
+
+def _release(out: Path, created: Path | None) -> None:
+    """After a refusal: remove what this export wrote and the folders it made."""
+    for name in (CLAIM, "model.safetensors", "config.json", *TOKENIZER_FILES):
+        (out / name).unlink(missing_ok=True)
+    if created is not None:
+        for folder in (out, *out.parents):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            if folder == created:
+                break
+
+
 def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}; valid: {', '.join(FORMATS)}")
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out} exists and is not empty; pass a new folder")
-    check_flavor(job_config)
+    created = claim_out(out)
+    try:
+        _export(job_config, checkpoint, out, fmt)
+    except BaseException:
+        _release(out, created)
+        raise
+    (out / CLAIM).unlink()
+    return out
+
+
+def _export(job_config, checkpoint: Path, out: Path, fmt: str) -> None:
+    check_job_config(job_config)  # the launchers' checks: converter names, sections without converters, flavor
+    if fmt == "nvfp4" and not any(f"quantize.{kind}.{FAMILY}" in job_config.model.converters for kind in KINDS):
+        raise ValueError(f"--format nvfp4: model.converters={job_config.model.converters} lists no four_over_six "
+                         "converter, so nothing would be quantized; export --format bf16, or the 4/6 recipe that "
+                         "trained the checkpoint")
     spec = get_train_spec(job_config.model.name)
     args = spec.model_args[job_config.model.flavor]
     args.update_from_config(job_config)
@@ -168,25 +272,23 @@ def export(job_config, checkpoint: Path, out: Path, fmt: str) -> Path:
     missing = [f for f in TOKENIZER_FILES if not (assets / f).exists()]
     if missing:
         raise ValueError(f"model.hf_assets_path={str(assets)!r} lacks the tokenizer files {missing}")
+    _, bos, eos = tokenizer_ids(assets)
     state = load_checkpoint(job_config, spec, args, checkpoint)
     quantization = None
     if fmt == "nvfp4":
         tensors, quantization = nvfp4_state(job_config, spec, args, state)
     else:
         tensors = hf_state(spec, state, args, torch.bfloat16)
-    _, bos, eos = tokenizer_ids(assets)
     config = qwen3_config(args, architecture=None, max_positions=args.max_seq_len, eos_id=eos, bos_id=bos,
                           dtype="bfloat16")
     if quantization is not None:
         config["quantization_config"] = quantization
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in TOKENIZER_FILES:
         shutil.copyfile(assets / name, out / name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

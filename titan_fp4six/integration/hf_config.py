@@ -8,15 +8,27 @@ import json
 from pathlib import Path
 
 
-def tokenizer_ids(directory: str | Path) -> tuple[dict[str, int], int, int]:
-    """(token -> id, the added tokens included, the bos id, the eos id) of a Hugging Face tokenizer folder
-    (tokenizer.json and tokenizer_config.json)."""
+def tokenizer_ids(directory: str | Path) -> tuple[dict[str, int], int | None, int]:
+    """(token -> id, the added tokens included, the bos id or None, the eos id) of a Hugging Face tokenizer folder
+    (tokenizer.json and tokenizer_config.json). Qwen3's own config has "bos_token": null (no bos: None), and
+    tokens may be AddedToken objects ({"content": ...}); an eos is required."""
     directory = Path(directory)
     data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
     config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
     vocab = dict(data["model"]["vocab"])
     vocab.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})
-    return vocab, vocab[config["bos_token"]], vocab[config["eos_token"]]
+    ids = []
+    for key in ("bos_token", "eos_token"):
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if token is None and key == "bos_token":
+            ids.append(None)
+        elif isinstance(token, str) and token in vocab:
+            ids.append(vocab[token])
+        else:
+            raise ValueError(f"{directory / 'tokenizer_config.json'}: {key}={config.get(key)!r} is not a token of "
+                             f"{directory / 'tokenizer.json'}{' (an eos token is required)' if token is None else ''}")
+    return vocab, ids[0], ids[1]
 
 
 def check_hf_equivalent(model_name: str, model_args) -> None:

@@ -116,8 +116,8 @@ class RL:
                              "the entropy bonus would train")
         if self.generator == "vllm" and self.temperature < VLLM_MIN_TEMPERATURE:
             raise ValueError(f"rl.temperature={self.temperature!r} with rl.generator='vllm': vLLM samples at "
-                             f"{VLLM_MIN_TEMPERATURE} instead (it raises lower temperatures) while the trainer re-scores "
-                             f"at {self.temperature!r}; use rl.temperature >= {VLLM_MIN_TEMPERATURE} or "
+                             f"{VLLM_MIN_TEMPERATURE} instead (it raises lower temperatures) while the trainer "
+                             f"re-scores at {self.temperature!r}; use rl.temperature >= {VLLM_MIN_TEMPERATURE} or "
                              "rl.generator='native'")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rl.top_p={self.top_p!r}; it must be in (0, 1] (1: no nucleus truncation)")

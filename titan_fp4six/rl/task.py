@@ -44,6 +44,10 @@ class Vocabulary:
     @classmethod
     def from_tokenizer(cls, directory: str | Path, alphabet: str) -> "Vocabulary":
         vocab, bos, eos = tokenizer_ids(directory)
+        if bos is None:
+            raise ValueError(f"the copy task's prompts start with <bos>, but "
+                             f"{Path(directory) / 'tokenizer_config.json'} has bos_token null: use a dataset task "
+                             "(rl.dataset, rl.reward) with this tokenizer")
         missing = [c for c in alphabet + "=" if c not in vocab]
         if missing or len(set(alphabet)) != len(alphabet) or "=" in alphabet:
             raise ValueError(f"rl.alphabet={alphabet!r}: needs distinct single-character tokens of "
@@ -130,7 +134,8 @@ class DatasetTask:
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
         _, bos, eos = tokenizer_ids(tokenizer_dir)
         self.eos, self.new_tokens = eos, max_new_tokens
-        self.prompts = [[bos, *self.tokenizer.encode(p, add_special_tokens=False).ids] for p, _ in self.rows]
+        first = [] if bos is None else [bos]  # Qwen3's tokenizer has no bos
+        self.prompts = [[*first, *self.tokenizer.encode(p, add_special_tokens=False).ids] for p, _ in self.rows]
 
     def examples(self, count: int, rng: random.Random) -> list[Example]:
         picks = [rng.randrange(len(self.rows)) for _ in range(count)]
