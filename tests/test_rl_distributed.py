@@ -130,6 +130,18 @@ def test_a_killed_rank_ends_the_run_and_leaves_the_last_checkpoint(seed, tmp_pat
     assert [m["step"] for m in rl_ranks.metrics(dump)] == [last + 1]
 
 
+def test_a_non_finite_step_stops_every_rank(tmp_path):
+    """A learning rate that overflows the weights: the reduced loss and grad norm are the same on every rank, so
+    both ranks raise at the same step, before its checkpoint, and the run exits non-zero (no rank left waiting)."""
+    proc = subprocess.run(rl_ranks.command(2, tmp_path / "run", *COMMON, "--training.steps", "4", "--optimizer.lr",
+                                           "1e30", "--lr_scheduler.warmup_steps", "0"),
+                          cwd=REPO, env={**os.environ, **rl_ranks.ENV}, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    stops = {line.split("]")[0] for line in out.splitlines() if "FloatingPointError: step" in line}
+    assert stops == {"[rank0", "[rank1"}, out[-3000:]
+
+
 @pytest.mark.parametrize("world, args, match", [
     (2, ["--rl.prompts_per_step", "3"], r"rl.prompts_per_step=3 does not split over 2 ranks"),
     (2, ["--parallelism.tensor_parallel_degree", "2"], r"parallelism.tensor_parallel_degree=2: .*FSDP2"),
