@@ -113,20 +113,46 @@ def test_a_flavor_registered_by_custom_import_is_a_valid_flavor(tmp_path, monkey
     """The flavor check ran before torchtitan imports experimental.custom_import, refusing the flavor it adds."""
     from torchtitan.models.deepseek_v3 import deepseekv3_args
 
+    from titan_fp4six.train import check_before_training
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
     (tmp_path / "user_flavor_66.py").write_text(
         "from torchtitan.models.deepseek_v3 import deepseekv3_args\n"
         "deepseekv3_args['user_flavor_66'] = deepseekv3_args['tiny']\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "user_flavor_66", raising=False)
     try:
-        check_job_config(job_config("--model.name", "deepseek_v3", "--model.flavor", "user_flavor_66",
+        check_before_training(job_config("--model.name", "deepseek_v3", "--model.flavor", "user_flavor_66",
                                     "--experimental.custom_import", "user_flavor_66"))
     finally:
         deepseekv3_args.pop("user_flavor_66", None)
         sys.modules.pop("user_flavor_66", None)
     with pytest.raises(ValueError, match=r"experimental.custom_import='nope_66' is not importable "
                                          r"\(ModuleNotFoundError: No module named 'nope_66'\)"):
-        check_job_config(job_config("--experimental.custom_import", "nope_66"))
+        check_before_training(job_config("--experimental.custom_import", "nope_66"))
+
+
+def test_a_second_run_into_a_busy_dump_folder_is_refused(tmp_path):
+    """Two trainings started into one --job.dump_folder both exited 0, the folder holding only the last writer's
+    checkpoints."""
+    from tests.helpers.training_harness import launch
+
+    hold = ("import sys, time; from titan_fp4six.integration.dump_lock import lock_dump_folder; "
+            "lock_dump_folder(sys.argv[1]); print('held', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "run")], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, RANK="0"))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = launch("qwen3_moe_debug_nvfp4_four_over_six.toml", tmp_path / "run", "--training.steps", "1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode != 0 and not (tmp_path / "run" / "losses.json").exists()
+    assert f"is in use by another run (pid, host: {holder.pid} " in proc.stderr, proc.stderr[-3000:]
+    free = subprocess.run([sys.executable, "-c", hold.replace("time.sleep(300)", "0"), str(tmp_path / "run")],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, RANK="0"))
+    assert free.stdout.strip() == "held", free.stderr  # a killed holder leaves the folder free
 
 
 @pytest.mark.parametrize("args, world, match", [

@@ -6,6 +6,7 @@ installed version; another version is an error naming both). Runnable under torc
 rendezvous variables torchrun would set are filled in for one rank).
 """
 
+import importlib
 import os
 import socket
 
@@ -77,11 +78,24 @@ def prepare_process(series: str = "0.2") -> None:
         flavors.register()
 
 
+def import_custom_module(job_config) -> None:
+    """torchtitan's Trainer imports experimental.custom_import first thing; the checks must see what it registers
+    (a flavor, a model), so they import it first, naming the key when it is not importable."""
+    name = getattr(getattr(job_config, "experimental", None), "custom_import", "")
+    if name:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"experimental.custom_import={name!r} is not importable ({type(e).__name__}: {e}); "
+                             "name a module on PYTHONPATH") from e
+
+
 def check_before_training(job_config) -> None:
     """Both launchers' checks of the parsed config, before torchtitan's Trainer builds anything."""
     from titan_fp4six.integration.checks import check_job_config
     from titan_fp4six.integration.nonfinite import nonfinite_allowed
 
+    import_custom_module(job_config)
     check_job_config(job_config)
     nonfinite_allowed(job_config.training)
     check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
@@ -99,6 +113,7 @@ def main() -> None:
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
+    from titan_fp4six.integration.dump_lock import lock_dump_folder
     from titan_fp4six.integration.nonfinite import NonFiniteStop
     from titan_fp4six.integration.rounding import RoundingSeedPerStep
 
@@ -108,6 +123,7 @@ def main() -> None:
 
         def __init__(self, job_config):
             check_before_training(job_config)
+            lock_dump_folder(job_config.job.dump_folder)
             super().__init__(job_config)
 
     torchtitan_main(CheckedTrainer)

@@ -5,14 +5,11 @@ bf16 run for a section without its converter), and the checks need more than one
 check when the config loads.
 """
 
-import importlib
-
 from .converters import check_converter_names, check_sections_have_converters
 from .flavors import check_flavor
 
 
 def check_job_config(job_config) -> None:
-    import_custom_module(job_config)
     check_converter_names(job_config)
     check_sections_have_converters(job_config)
     check_flavor(job_config)
@@ -26,14 +23,3 @@ def check_seed(job_config) -> None:
     if seed is not None and not -2 ** 63 <= seed < 2 ** 63:
         raise ValueError(f"debug.seed={seed}: torch's generators take a seed in [-2**63, 2**63)")
 
-
-def import_custom_module(job_config) -> None:
-    """torchtitan's Trainer imports experimental.custom_import first thing; the checks here must see what it
-    registers (a flavor, a model), so they import it first, naming the key when it is not importable."""
-    name = getattr(getattr(job_config, "experimental", None), "custom_import", "")
-    if name:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"experimental.custom_import={name!r} is not importable ({type(e).__name__}: {e}); "
-                             "name a module on PYTHONPATH") from e
