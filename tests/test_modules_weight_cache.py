@@ -128,6 +128,17 @@ def test_linear_cache_requantizes_when_the_weight_or_its_cast_changes():
     assert m.weight_cache.quantizations == 5
 
 
+def test_linear_cache_requantizes_when_the_parameters_data_is_replaced():
+    """`p.data = new` (an EMA swap, a weight sync) kept serving the old quantized weight."""
+    torch.manual_seed(0)
+    m = FourOverSixLinear(64, 48, recipe=FourOverSixRecipe(), cache_weights=True)
+    x = torch.randn(8, 64)
+    m(x)
+    m.weight.data = torch.randn(48, 64)
+    assert torch.equal(m(x), four_over_six_linear(x, m.weight, m.bias, recipe=m.recipe))
+    assert m.weight_cache.quantizations == 2
+
+
 def test_a_deep_copy_never_serves_the_originals_cached_weights():
     """The copy's parameters are new tensors: a load_state_dict brings their version counters to the copied
     entry's, which served the old weights."""

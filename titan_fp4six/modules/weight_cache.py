@@ -5,8 +5,9 @@ activation-checkpoint recomputation) would quantize it again. A module with a We
 its first forward after an optimizer step and hands the ops that QuantizedWeight until `invalidate()`: the
 torchtitan converters call it (through `invalidate_weight_caches`) after every optimizer step, since a fused
 AdamW does not bump the parameters' version counters; whoever steps an optimizer outside torchtitan calls it too.
-An entry is also keyed on the parameter object, its version counter and the dtype the forward casts it to, so
-in-place edits (a checkpoint load) and autocast changes re-quantize. Under FSDP2 the key is the unsharded
+An entry is also keyed on the parameter object, its version counter, its storage and the dtype the forward casts it
+to, so in-place edits (a checkpoint load), `p.data = new` and autocast changes re-quantize; `p.data.copy_(new)`
+changes neither version nor storage: call `invalidate()` after it. Under FSDP2 the key is the unsharded
 parameter, whose version FSDP2 preserves across all-gathers: only `invalidate` marks its new values.
 
 The cache holds each weight's codes, scales and bf16 decode between steps (~1.6x the bf16 weight's bytes) and
@@ -48,7 +49,10 @@ class WeightCache:
         from `quantize()` on a miss; None while torch.compile traces."""
         if torch.compiler.is_compiling():
             return None
-        key = (param._version, operand.dtype)
+        # the storage's identity: `param.data = new` (EMA, weight sync) swaps it; FSDP2's all-gathers resize it in
+        # place and keep it. `param.data.copy_(new)` bumps no version counter: like a fused optimizer, invalidate().
+        local = getattr(param, "_local_tensor", param)  # a DTensor's own storage is its local shard's
+        key = (param._version, local.untyped_storage()._cdata, operand.dtype)
         entry = self._entries.get(name)
         if entry is None or entry[0] is not param or entry[1] != key:
             entry = (param, key, quantize())
