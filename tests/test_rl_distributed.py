@@ -130,6 +130,17 @@ def test_a_killed_rank_ends_the_run_and_leaves_the_last_checkpoint(seed, tmp_pat
     assert [m["step"] for m in rl_ranks.metrics(dump)] == [last + 1]
 
 
+def test_a_second_run_into_a_busy_dump_folder_is_refused(tmp_path):
+    """The RL launcher locks job.dump_folder as the training launcher does (integration/dump_lock.py)."""
+    from titan_fp4six.integration.dump_lock import lock_dump_folder
+
+    lock_dump_folder(tmp_path / "busy")  # this process holds it, as a running job would
+    proc = subprocess.run(rl_ranks.command(1, tmp_path / "busy", *COMMON, "--training.steps", "1"), cwd=REPO,
+                          env={**os.environ, **rl_ranks.ENV}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "is in use by another run" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "busy" / "rl_metrics.jsonl").exists()
+
+
 def test_a_non_finite_step_stops_every_rank(tmp_path):
     """A learning rate that overflows the weights: the reduced loss and grad norm are the same on every rank, so
     both ranks raise at the same step, before its checkpoint, and the run exits non-zero (no rank left waiting)."""

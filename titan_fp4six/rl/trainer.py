@@ -28,6 +28,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from ..integration.dump_lock import lock_dump_folder
 from ..integration.nonfinite import check_finite, nonfinite_allowed
 from ..train import check_before_training
 from . import grpo
@@ -138,6 +139,7 @@ def build_converted(job_config, device, dtype, parallel_dims=None):
 class RLTrainer(Trainer):
     def __init__(self, job_config):
         self.task = check_rl_job(job_config)
+        lock_dump_folder(job_config.job.dump_folder)  # two runs into one folder would mix checkpoints and metrics
         super().__init__(job_config)
         cfg = job_config.rl
         self.ranks = Ranks.current()
