@@ -156,7 +156,9 @@ def test_a_non_finite_step_stops_every_rank(tmp_path):
 @pytest.mark.parametrize("world, args, match", [
     (2, ["--rl.prompts_per_step", "3"], r"rl.prompts_per_step=3 does not split over 2 ranks"),
     (2, ["--parallelism.tensor_parallel_degree", "2"], r"parallelism.tensor_parallel_degree=2: .*FSDP2"),
-    (2, ["--parallelism.expert_parallel_degree", "3"], r"expert_parallel_degree=3 must divide the routed experts"),
+    (2, ["--parallelism.expert_parallel_degree", "3"], r"expert_parallel_degree=3 must divide the 2 ranks"),
+    (6, ["--rl.prompts_per_step", "6", "--parallelism.expert_parallel_degree", "3"],
+     r"expert_parallel_degree=3 must divide the routed experts of model.flavor='tiny' \(8\)"),
     (2, ["--parallelism.expert_parallel_degree", "2", "--rl.consistent"], r"rl.consistent=true with .*expert_par"),
     (2, ["--rl.consistent", "--training.mixed_precision_param", "bfloat16"],
      r"rl.consistent=true on 2 ranks needs training.mixed_precision_param"),

@@ -95,3 +95,17 @@ def test_a_dataset_longer_than_the_rope_table_is_refused_before_the_build(tmp_pa
     with pytest.raises(ValueError, match=r"its longest prompt \(\d+ tokens\) and rl.max_new_tokens=8 take \d+ "
                                          r"positions, more than training.seq_len=64 .*raise training.seq_len to \d+"):
         check_rl_job(job, engine=False)
+
+
+def test_a_prompt_of_no_tokens_is_refused_when_the_task_is_built(tmp_path):
+    """Qwen3's tokenizer adds no <bos>: an empty prompt would reach the generator as no tokens, on one rank, mid-run."""
+    import shutil
+
+    folder = tmp_path / "tok"
+    shutil.copytree(EMBEDDED, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": None}))
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "", "answer": "x"}))
+    with pytest.raises(ValueError, match=r"example 2's prompt is no tokens"):
+        DatasetTask(path, REWARD, folder, 3)

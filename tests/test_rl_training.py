@@ -215,3 +215,12 @@ def test_copy_task_rewards():
     assert task.reward(example, [target[1], target[0]]) == (target[0] == target[1])
     with pytest.raises(ValueError, match="rl.alphabet"):
         Vocabulary.from_tokenizer(EMBEDDED, "0=")
+
+
+def test_a_resume_drops_the_replayed_steps_and_a_half_written_line(tmp_path):
+    from titan_fp4six.rl.trainer import RLTrainer
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo')
+    RLTrainer._keep_lines_before(path, 3)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]

@@ -98,3 +98,58 @@ def test_the_engine_holds_the_trainers_weights(placement, mode, dtype):
             assert 0.28125 < stats.packed / stats.packed_bf16 < 0.285, stats
         else:
             assert checked == 0 and stats.packed == 0 and stats.whole > 0
+
+
+def _placements_rank(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from titan_fp4six.ops import FourOverSixRecipe, quantize_grouped_weight
+    from titan_fp4six.rl.weight_sync import packed_expert_weight
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    try:
+        recipe = FourOverSixRecipe(err_mode="mse", scale_bound=256, weight_block="1x16", activation_scaling="row",
+                                   backward="high_precision", gemm="emulated")
+        flat = dist.device_mesh.init_device_mesh("cpu", (4,))
+        grid = dist.device_mesh.init_device_mesh("cpu", (2, 2), mesh_dim_names=("efsdp", "ep"))
+        cases = {"uneven experts (one rank empty)": (6, flat, [Shard(0)]),
+                 "rows over 4": (4, flat, [Shard(1)]),
+                 "EP x FSDP strided (efsdp 2)": (8, grid, [_StridedShard(0, split_factor=2), Shard(0)]),
+                 "EP x FSDP on rows": (4, grid, [Shard(1), Shard(0)])}
+        out = {}
+        for name, (experts, mesh, placements) in cases.items():
+            torch.manual_seed(0)
+            whole = torch.randn(experts, 64, 32) * torch.arange(1, experts + 1)[:, None, None]
+            w = distribute_tensor(whole, mesh, placements)
+            qw, _ = packed_expert_weight(w, torch.bfloat16, recipe)
+            want = quantize_grouped_weight(whole.to(torch.bfloat16).transpose(-2, -1), recipe=recipe)
+            out[name] = (torch.equal(qw.codes, want.codes) and torch.equal(qw.amax, want.amax)
+                         and torch.equal(qw.scales.view(torch.uint8), want.scales.view(torch.uint8))
+                         and torch.equal(qw.decoded, want.decoded))
+        queue.put((rank, out))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_packed_weights_assemble_from_every_expert_layout():
+    """4 gloo ranks: experts split unevenly (a rank with none), rows split, and expert parallelism's 2-D layouts
+    (FSDP2's strided shard of the experts over efsdp x ep, or rows over efsdp): each rank's packed weight is
+    bitwise the whole weight's quantization."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_placements_rank, args=(r, port, queue)) for r in range(4)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=240) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for rank, out in results:
+        assert all(out.values()), (rank, out)

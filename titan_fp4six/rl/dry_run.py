@@ -14,10 +14,8 @@ import argparse
 import os
 import sys
 
-from torchtitan.config import TORCH_DTYPE_MAP
-
 from ..integration.dry_run import GIB, build_and_convert, estimate_memory, summarize
-from .trainer import check_rl_job
+from .trainer import check_rl_job, engine_dtype
 from .vllm_generator import kv_cache_bytes
 
 PACKED_BYTES = 0.5 + 1 / 16
@@ -26,7 +24,7 @@ PACKED_BYTES = 0.5 + 1 / 16
 
 def engine_memory(s, config, model_args, nproc: int, fp4_gemms: bool, positions: int) -> dict[str, float]:
     """The rollout engine's bytes on one rank: whole dense weights, packed experts (+ decode), KV cache."""
-    dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]
+    dtype = engine_dtype(config, nproc)
     experts = sum(n for fqn, (n, _) in s.quantized.items() if fqn.endswith("experts"))
     cfg = config.rl
     seqs = cfg.prompts_per_step * cfg.group_size // nproc

@@ -31,7 +31,8 @@ def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, 
     in it. Optional KL to a reference policy (k3 estimator) when kl_coef > 0; optional entropy bonus
     (entropies (B, T) of the trainer's distributions, with grad) when entropy_coef > 0."""
     mask = mask.float()
-    norm = mask.sum().clamp(min=1) if tokens is None else max(tokens, 1)
+    norm = mask.sum().clamp(min=1) if tokens is None else torch.tensor(max(tokens, 1), dtype=mask.dtype,
+                                                                        device=mask.device)
     ratio = torch.exp(logprobs - rollout_logprobs)
     adv = advantages[:, None]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)

@@ -22,7 +22,8 @@ class RL:
     weight_sync: str = "packed"
     """How the trainer's weights reach a rollout engine after each step (vLLM, or the native generator on N > 1
     ranks): "packed" sends the converted experts as the rollout forward quantizes them (codes, scales, amaxes:
-    0.28x the bf16 bytes; the engine then holds the trainer's quantization bitwise) and the rest whole; "bf16"
+    0.28x the bf16 bytes; bitwise the whole weights' quantization in the engine's dtype, the trainer forward's
+    on N > 1 ranks) and the rest whole; "bf16"
     sends every tensor whole and the engine quantizes its experts itself."""
     engine_kv_cache_gib: float = 0.0
     """The vLLM engine's KV cache on each rank, GiB; 0: one step's rollouts of that rank, whole (what a

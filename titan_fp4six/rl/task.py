@@ -136,6 +136,10 @@ class DatasetTask:
         self.eos, self.new_tokens = eos, max_new_tokens
         first = [] if bos is None else [bos]  # Qwen3's tokenizer has no bos
         self.prompts = [[*first, *self.tokenizer.encode(p, add_special_tokens=False).ids] for p, _ in self.rows]
+        empty = next((n for n, p in enumerate(self.prompts, 1) if not p), None)
+        if empty is not None:
+            raise ValueError(f"rl.dataset={str(dataset)!r}: example {empty}'s prompt is no tokens (empty, and "
+                             "the tokenizer adds no <bos>): every prompt needs at least one token")
 
     def examples(self, count: int, rng: random.Random) -> list[Example]:
         picks = [rng.randrange(len(self.rows)) for _ in range(count)]

@@ -28,6 +28,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from ..integration.dry_run import GIB
 from ..integration.dump_lock import lock_dump_folder
 from ..integration.nonfinite import check_finite, nonfinite_allowed
 from ..train import check_before_training
@@ -39,7 +40,6 @@ from .generator import Rollout, generate, tempered
 from .task import CopyTask, DatasetTask, Vocabulary
 from .weight_sync import WeightSync
 
-GIB = 1024 ** 3
 SUPPORTED_MODELS = ("qwen3",)
 """Model families whose modules rl/forward.py reads (Qwen3's attention: wq/wk/wv/wo, q_norm/k_norm, n_kv_heads)."""
 
@@ -66,7 +66,8 @@ def check_rl_job(job_config, engine: bool = True) -> CopyTask | DatasetTask:
         from .vllm_generator import kv_cache_bytes
 
         args = get_train_spec(name).model_args[job_config.model.flavor]
-        one = kv_cache_bytes(args, 1, task.max_positions(), TORCH_DTYPE_MAP[job_config.training.mixed_precision_param])
+        one = kv_cache_bytes(args, 1, task.max_positions(),
+                             engine_dtype(job_config, int(os.environ.get("WORLD_SIZE", "1"))))
         if cfg.engine_kv_cache_gib * GIB < one:
             raise ValueError(f"rl.engine_kv_cache_gib={cfg.engine_kv_cache_gib!r} holds less than one whole sequence of "
                              f"model.flavor={job_config.model.flavor!r} ({task.max_positions()} positions: "
@@ -112,6 +113,9 @@ def check_layout(job_config, world: int) -> None:
     experts = getattr(getattr(args, "moe_args", None), "num_experts", None) if getattr(args, "moe_enabled", False) \
         else None
     ep = p.expert_parallel_degree
+    if world % ep:
+        raise ValueError(f"parallelism.expert_parallel_degree={ep} must divide the {world} ranks (expert parallelism "
+                         "splits the FSDP2 ranks)")
     if ep > 1 and (experts is None or experts % ep):
         raise ValueError(f"parallelism.expert_parallel_degree={ep} must divide the routed experts of "
                          f"model.flavor={job_config.model.flavor!r} ({experts or 'none'})")
@@ -122,6 +126,14 @@ def check_layout(job_config, world: int) -> None:
         raise ValueError(f"rl.consistent=true on {world} ranks needs training.mixed_precision_param = \"float32\" "
                          f"(got {job_config.training.mixed_precision_param!r}): FSDP2 hands the trainer's forward its "
                          "weights in that dtype, the consistent kernels and the engine compute in FP32")
+
+
+def engine_dtype(job_config, world: int) -> torch.dtype:
+    """The dtype the trainer's forward sees its weights in, which a rollout engine computes in: FSDP2's parameter
+    dtype on N > 1 ranks (check_layout leaves FSDP2 the only data parallelism), else the parameters' own
+    (training.dtype; AMP's autocast then casts inside the GEMMs, which an engine does not mimic)."""
+    training = job_config.training
+    return TORCH_DTYPE_MAP[training.mixed_precision_param if world > 1 else training.dtype]
 
 
 def build_converted(job_config, device, dtype, parallel_dims=None):
@@ -215,11 +227,7 @@ class RLTrainer(Trainer):
         return ref.requires_grad_(False)
 
     def _engine_dtype(self) -> torch.dtype:
-        """The dtype the trainer's forward sees its weights in: FSDP2's parameter dtype where it shards, else the
-        parameters' own (under AMP's autocast)."""
-        if self.parallel_dims.fsdp_enabled:
-            return TORCH_DTYPE_MAP[self.job_config.training.mixed_precision_param]
-        return next(self.model_parts[0].parameters()).dtype
+        return engine_dtype(self.job_config, self.ranks.world)
 
     def _policy_copy(self):
         """The recipe's model built and converted again, whole (an engine's; weights come by the weight sync)."""
@@ -360,14 +368,21 @@ class RLTrainer(Trainer):
                                     "logprobs": ro.logprobs[i][ro.mask[i]].tolist(),
                                     "reward": float(rewards[i])}) + "\n")
 
-    def _keep_lines_before(self, path: Path, step: int) -> None:
+    @staticmethod
+    def _keep_lines_before(path: Path, step: int) -> None:
         """`path` (JSON lines with a "step") without the lines of `step` and later: a resumed run writes those
         steps again."""
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             return
-        lines = path.read_text().splitlines(keepends=True)
-        path.write_text("".join(line for line in lines if json.loads(line)["step"] < step))
+        kept = []
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                if json.loads(line)["step"] < step:
+                    kept.append(line)
+            except json.JSONDecodeError:  # the last line of a killed run, written in part
+                continue
+        path.write_text("".join(kept))
 
     def train(self):
         job_config = self.job_config

@@ -145,11 +145,14 @@ class VLLMGenerator:
             raise RuntimeError(f"vLLM built {len(models)} {ARCHITECTURE} models in this process; expected one (is "
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 set before vLLM was imported?)")
         self.model = models[0]
+        self._sync = None
 
-    def load_weights(self, model: nn.Module, mode: str = "packed") -> None:
-        """A trainer model's weights (whole or sharded) into the engine's (rl/weight_sync.py)."""
-        dtype = next(self.model.titan.parameters()).dtype
-        WeightSync(self.model.titan, self.model.expert_cache, mode, dtype)(model)
+    def load_weights(self, model: nn.Module) -> None:
+        """A trainer model's weights (whole or sharded) into the engine's, packed (rl/weight_sync.py)."""
+        if self._sync is None:
+            dtype = next(self.model.titan.parameters()).dtype
+            self._sync = WeightSync(self.model.titan, self.model.expert_cache, "packed", dtype)
+        self._sync(model)
 
     def shutdown(self) -> None:
         """Stop the engine while torch.distributed is still up: vLLM's own teardown destroys the process groups

@@ -3,10 +3,11 @@
 The trainer's parameters may be sharded (FSDP2 over the data-parallel ranks, expert parallelism over experts:
 DTensors); every rank's engine holds the whole model. Two ways, `[rl] weight_sync`:
 - "packed" (default): each converted experts module's (w1, w2, w3) go as what the rollout forward quantizes
-  from them: every rank takes its shard's per-expert max |w| (one all-reduce of E floats makes them the whole
-  weights' amaxes), quantizes its own rows with them (blocks run along K, inside a row), and the ranks gather
-  the codes (K/2 bytes a row) and E4M3 scales (K/16): 0.28x the bf16 bytes, and the engine's QuantizedWeights
-  are bitwise the whole weight's quantization (tests/test_rl_distributed.py). Everything else as in "bf16".
+  from them: every rank takes its shard's per-expert max |w| (a max over the ranks holding rows of the same
+  experts and a gather of E floats make them the whole weights' amaxes), quantizes its own rows with them
+  (blocks run along K, inside a row), and the ranks gather the codes (K/2 bytes a row) and E4M3 scales (K/16):
+  0.28x the bf16 bytes, and the engine's QuantizedWeights are bitwise the whole weight's quantization
+  (tests/test_rl_weight_sync.py). Everything else as in "bf16".
 - "bf16": every tensor gathered whole in the engine's dtype (the engine quantizes its experts itself on its
   first forward).
 In packed mode the engine's own expert parameters become one-element placeholders of their shape (the ops read
@@ -69,38 +70,49 @@ def _gathered(local: Tensor, like: Tensor, shape: tuple) -> Tensor:
                               stride=stride).full_tensor()
 
 
-def _expert_amax(w: Tensor, local: Tensor) -> Tensor:
-    """Per-expert max |w| (E,) FP32 of the whole weights w (E, N, K) from this rank's shard `local` (its
-    operand dtype): exact (a max), whichever rank holds which rows."""
-    a = (local.abs().amax(dim=(1, 2)) if local[0].numel() else local.new_zeros(local.shape[0])).float()
-    if not _is_dtensor(w):
-        return a
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+def _expert_dim(p) -> int | None:
+    """The tensor dim a placement shards (Shard and FSDP2's strided shard under expert parallelism), else None."""
+    return getattr(p, "dim", None)
 
-    placements = [p if p == Shard(0) else Partial("max") if isinstance(p, Shard) else Replicate()
+
+def _expert_amaxes(w: Tensor, local: Tensor) -> tuple[Tensor, Tensor]:
+    """(per-expert max |w| of the whole weights (E,), the same for this rank's experts (E',)), FP32, from this
+    rank's shard `local` (in its operand dtype) of w (E, N, K): exact (a max). Over the mesh dims that shard the
+    rows (dim 1) the shards' amaxes are reduced (partial max); over those that shard the experts (dim 0, plain or
+    strided) they stay sharded, so this rank's experts come back in its own order."""
+    a = (local.abs().amax(dim=(1, 2)) if local.numel() else local.new_zeros(local.shape[0])).float()[:, None, None]
+    if not _is_dtensor(w):
+        return a.view(-1), a.view(-1)
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    placements = [Partial("max") if _expert_dim(p) == 1 else p if _expert_dim(p) == 0 else Replicate()
                   for p in w.placements]
-    return DTensor.from_local(a, w.device_mesh, placements, run_check=False, shape=torch.Size([w.shape[0]]),
-                              stride=(1,)).full_tensor()
-
-
-def _local_experts(w: Tensor) -> slice:
-    """Which experts of w (E, N, K) this rank's shard holds rows of."""
-    if not _is_dtensor(w):
-        return slice(0, w.shape[0])
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(w.shape, w.device_mesh, w.placements)
-    return slice(offset[0], offset[0] + shape[0])
+    bad = [p for p in w.placements if _expert_dim(p) not in (None, 0, 1)]
+    if bad:
+        raise NotImplementedError(f"rl.weight_sync='packed': expert weights sharded on dims {bad}; experts (dim 0) "
+                                  "or their rows (dim 1) only; use rl.weight_sync='bf16'")
+    shape = torch.Size([w.shape[0], 1, 1])
+    partial = DTensor.from_local(a, w.device_mesh, placements, run_check=False, shape=shape, stride=(1, 1, 1))
+    mine = partial.redistribute(w.device_mesh, [Replicate() if isinstance(p, Partial) else p for p in placements])
+    return mine.full_tensor().view(-1), mine.to_local().view(-1)
 
 
 def packed_expert_weight(w: Tensor, dtype: torch.dtype, recipe) -> tuple:
     """(QuantizedWeight of the whole expert weights w (E, N, K) cast to `dtype`, bytes gathered) from this rank's
     shard: bitwise quantize_grouped_weight(whole.to(dtype).transpose(-2, -1), recipe=recipe)."""
     local = _local(w).detach().to(dtype)
-    amax = _expert_amax(w, local)
-    codes, scales = quantize_grouped_weight_shard(local, amax[_local_experts(w)], recipe=recipe)
+    amax, mine = _expert_amaxes(w, local)
     e, n, k = w.shape
     rows = local.shape[:2]
+    if local.numel():
+        if recipe.weight_block == "16x16" and rows[1] % 16:
+            raise ValueError(f"rl.weight_sync='packed': this rank holds {rows[1]} rows of each expert, and "
+                             "weight_block='16x16' quantizes 16-row tiles: shard whole experts (a degree dividing "
+                             "the experts) or use rl.weight_sync='bf16'")
+        codes, scales = quantize_grouped_weight_shard(local, mine, recipe=recipe)
+    else:  # an uneven FSDP2 split left this rank no rows
+        codes = local.new_empty((0, k // 2), dtype=torch.uint8)
+        scales = local.new_empty((0, k // 16), dtype=torch.float8_e4m3fn)
     codes = _gathered(codes.view(*rows, k // 2), w, (e, n, k // 2)).reshape(e * n, k // 2)
     scales = _gathered(scales.view(torch.uint8).view(*rows, k // 16), w, (e, n, k // 16))
     scales = scales.reshape(e * n, k // 16).view(torch.float8_e4m3fn)
@@ -137,7 +149,7 @@ class WeightSync:
             if name in self.packed or name not in self.targets:
                 continue
             target = self.targets[name]
-            whole = _whole(t.detach())
+            whole = _whole(t.detach().to(target.dtype))  # cast before the gather: the engine's bytes travel
             target.copy_(whole)
             whole_bytes += whole.numel() * target.element_size()
         for name, experts in self.experts.items():
