@@ -32,19 +32,26 @@ PROJ = {"qkv_proj": ("wq", "wk", "wv"), "o_proj": ("wo",)}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(the trainer's converted model holding the checkpoint, the vLLM engine on the nvfp4 export, its model)."""
-    import vllm
-
+def exported(tmp_path_factory):
+    """(the job, its folder, the nvfp4 export of its step-2 checkpoint)."""
     from titan_fp4six.integration import cpu
-    from titan_fp4six.integration.export import converted_model, load_checkpoint
 
     cpu.apply()  # the torchtitan MoE's CPU token permutation and integer histc, as the launcher does
     tmp = tmp_path_factory.mktemp("plugin")
     train(CONFIG, tmp / "run", *ARGS)
     job = ConfigManager().parse_args(["--job.config_file", str(REPO / "configs" / CONFIG), *CPU_ARGS, *ARGS,
                                       "--model.hf_assets_path", str(REPO / "titan_fp4six/integration/embedded")])
-    out = export.export(job, tmp / "run" / "checkpoint" / "step-2", tmp / "hf", "nvfp4")
+    return job, tmp, export.export(job, tmp / "run" / "checkpoint" / "step-2", tmp / "hf", "nvfp4")
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    """(the trainer's converted model holding the checkpoint, the vLLM engine on the nvfp4 export, its model)."""
+    import vllm
+
+    from titan_fp4six.integration.export import converted_model, load_checkpoint
+
+    job, tmp, out = exported
     spec = get_train_spec("qwen3")
     args = spec.model_args[job.model.flavor]
     args.update_from_config(job)
@@ -211,3 +218,44 @@ def test_a_malformed_quantization_config_is_named(field, value, match):
               "modules": {}, "ignore": []}
     with pytest.raises(ValueError, match=match):
         FourOverSixConfig.from_config(config | {field: value})
+
+
+@pytest.mark.parametrize("key, change, match", [
+    ("model.layers.1.self_attn.k_proj.weight", "remove",
+     r"four_over_six: model\.layers\.1\.self_attn\.qkv_proj\.weight was not loaded completely from the checkpoint "
+     r"\(loaded 2 of its 3 partitions.*re-export the folder with python -m titan_fp4six\.export --format nvfp4"),
+    ("model.layers.0.mlp.experts.2.down_proj.weight", "truncate",
+     r"four_over_six: model\.layers\.0\.mlp\.experts\.w2_weight was not loaded completely from the checkpoint "
+     r"\(w2 of local expert 2 has shape"),
+    ("model.layers.1.mlp.experts.3.up_proj.weight_scale_2", "remove",
+     r"four_over_six: model\.layers\.1\.mlp\.experts\.w13_weight_scale_2 was not loaded completely .*no w3 of "
+     r"local expert 3"),
+    ("model.layers.0.self_attn.o_proj.weight_scale_2", "nan",
+     r"four_over_six: model\.layers\.0\.self_attn\.o_proj\.weight_scale_2 holds non-finite values after loading "
+     r"\(1 of 1 .*re-export"),
+])
+def test_a_folder_with_a_missing_short_or_non_finite_quantized_tensor_is_refused_at_load(exported, tmp_path, key,
+                                                                                        change, match):
+    """Missing codes served uninitialized memory, a short expert tensor loaded partly, a NaN factor served NaN
+    logprobs: each is refused when the engine loads, naming the layer and the parameter."""
+    import shutil
+
+    import vllm
+    from safetensors.torch import load_file, save_file
+
+    _, _, out = exported
+    folder = tmp_path / "hf"
+    shutil.copytree(out, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert key in tensors, sorted(k for k in tensors if ".layers.0." in k)
+    if change == "remove":
+        del tensors[key]
+    elif change == "truncate":
+        tensors[key] = tensors[key][:, : tensors[key].shape[1] // 2].contiguous()
+    else:
+        tensors[key] = torch.full_like(tensors[key], torch.nan)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(Exception, match=match) as caught:
+        vllm.LLM(model=str(folder), dtype="float32", max_model_len=64, max_num_seqs=4, enforce_eager=True,
+                 enable_prefix_caching=False, kv_cache_memory_bytes=1 << 26, seed=0)
+    assert isinstance(caught.value, ValueError) or isinstance(caught.value.__cause__, ValueError), caught.value

@@ -10,6 +10,7 @@ from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_mm
 from ..ops.checkpoint import amax_for_factor
 from ..ops.checks import blockable
+from .loaded import REEXPORT, check_finite, dummy_load, incomplete, recording
 
 
 @register_weight_loader_v2_supported_method
@@ -22,17 +23,49 @@ class FourOverSixLinearMethod(LinearMethodBase):
         if not blockable(input_size_per_partition, *output_partition_sizes):
             raise ValueError(f"four_over_six: a layer of input {input_size_per_partition} and outputs "
                              f"{output_partition_sizes}: NVFP4 needs multiples of {BLOCK_SIZE}")
-        loader = extra_weight_attrs["weight_loader"]
         rows = sum(output_partition_sizes)
+        layer.loaded_shards = {}  # parameter name -> the shard ids its loader took (None: the whole fused tensor)
+        layer.check_loaded = not dummy_load()
 
-        def blocked(name, columns, dtype):
-            layer.register_parameter(name, ModelWeightParameter(data=torch.empty(rows, columns, dtype=dtype),
-                                                                input_dim=1, output_dim=0, weight_loader=loader))
+        def loader_of(name):
+            def load(param, loaded_weight, *shard, **kw):  # RowParallelLinear's loader takes no shard id
+                loaded_shard_id = shard[0] if shard else kw.get("loaded_shard_id")
+                try:
+                    return extra_weight_attrs["weight_loader"](param, loaded_weight, *shard, **kw)
+                except AssertionError as e:  # vLLM's shape assertion, naming nothing
+                    raise ValueError(f"four_over_six: {layer.prefix}.{name}: the checkpoint's tensor (shard "
+                                     f"{loaded_shard_id!r}) of shape {tuple(loaded_weight.shape)} does not fit the "
+                                     f"layer's {tuple(param.shape)} (partitions {list(output_partition_sizes)}); "
+                                     f"{REEXPORT}") from e
+
+            def record(param, loaded_weight, loaded_shard_id=None):
+                layer.loaded_shards.setdefault(name, set()).add(loaded_shard_id)
+            return recording(load, record)
+
+        def blocked(name, columns, dtype):  # scales NaN until loaded (codes: any byte is a code, hence the record)
+            data = torch.empty(rows, columns, dtype=dtype)
+            layer.register_parameter(name, ModelWeightParameter(
+                data=data if dtype == torch.uint8 else data.fill_(torch.nan), input_dim=1, output_dim=0,
+                weight_loader=loader_of(name)))
         blocked("weight", input_size_per_partition // 2, torch.uint8)
         blocked("weight_scale", input_size_per_partition // BLOCK_SIZE, torch.float8_e4m3fn)
         layer.register_parameter("weight_scale_2", PerTensorScaleParameter(
-            data=torch.full((len(output_partition_sizes),), torch.nan, dtype=torch.float32), weight_loader=loader))
+            data=torch.full((len(output_partition_sizes),), torch.nan, dtype=torch.float32),
+            weight_loader=loader_of("weight_scale_2")))
         layer.partition_sizes = list(output_partition_sizes)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Every partition of every quantized parameter loaded, scales and factors finite. Shard ids (q/k/v, the
+        merged 0, 1, ..., or None for a whole tensor) are what each TP rank loads alike, so the record holds under
+        tensor parallelism too; a short tensor fails vLLM's shape assertion in the loader (named above)."""
+        parts = len(layer.partition_sizes)
+        if layer.check_loaded:
+            for name in ("weight", "weight_scale", "weight_scale_2"):
+                ids = layer.loaded_shards.get(name, set())
+                if None not in ids and len(ids) < parts:
+                    raise incomplete(layer.prefix, name, f"loaded {len(ids)} of its {parts} partitions"
+                                     + (f": {sorted(map(str, ids))}" if ids else ""))
+        check_finite(layer, layer.prefix, ("weight_scale", "weight_scale_2"))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2d = x.reshape(-1, x.shape[-1])

@@ -13,6 +13,7 @@ from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mm
 from ..ops.checkpoint import amax_for_factor
 from ..ops.checks import blockable
+from .loaded import check_finite, dummy_load, incomplete, recording
 
 
 class FourOverSixMoEMethod(FusedMoEMethodBase):
@@ -29,17 +30,51 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
         if not self.moe.is_act_and_mul:
             raise ValueError("four_over_six: routed experts without a gated activation (w1 and w3) are not supported")
 
+        layer.loaded_shards = {}  # parameter name -> {(local expert, "w1"/"w2"/"w3"): the loaded tensor's shape}
+        layer.check_loaded = not dummy_load()
+
         def add(name, shape, dtype, kind):  # scales and factors NaN until loaded: an unloaded expert decodes to NaN
             data = torch.empty(shape, dtype=dtype)
             param = torch.nn.Parameter(data if dtype == torch.uint8 else data.fill_(torch.nan), requires_grad=False)
             layer.register_parameter(name, param)
-            set_weight_attrs(param, {**extra_weight_attrs, "quant_method": kind.value})
+
+            def record(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+                local = layer._map_global_expert_id_to_local_expert_id(expert_id)
+                experts = range(shape[0]) if loaded_weight.dim() == 3 else [local] if local >= 0 else []
+                for e in experts:  # a 3-D tensor: every expert at once
+                    layer.loaded_shards.setdefault(name, {})[e, shard_id] = tuple(loaded_weight.shape[-2:])
+            set_weight_attrs(param, {**extra_weight_attrs, "quant_method": kind.value,
+                                     "weight_loader": recording(extra_weight_attrs["weight_loader"], record)})
         block, tensor = FusedMoeWeightScaleSupported.BLOCK, FusedMoeWeightScaleSupported.TENSOR
         for name, rows, cols in (("w13", 2 * inter, hidden_size), ("w2", hidden_size, inter)):
             add(f"{name}_weight", (num_experts, rows, cols // 2), torch.uint8, block)
             add(f"{name}_weight_scale", (num_experts, rows, cols // BLOCK_SIZE), torch.float8_e4m3fn, block)
         add("w13_weight_scale_2", (num_experts, 2), torch.float32, tensor)
         add("w2_weight_scale_2", (num_experts,), torch.float32, tensor)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Every local expert's w1, w3 and w2 loaded into every quantized parameter, whole (vLLM's MoE loader copies
+        a short tensor into part of an expert silently); scales and factors finite. Under tensor parallelism the
+        loader gets the whole checkpoint tensor and narrows it, so the expected shape is the rank's slice with its
+        sharded dimension (rows of w1/w3, columns of w2) times the TP size; expert parallelism: only this rank's
+        experts are expected (the loader returns False for the others, which are not recorded)."""
+        prefix, tp = layer.layer_name, layer.moe_config.moe_parallel_config.tp_size
+        for name, param in layer.named_parameters(recurse=False):
+            if not layer.check_loaded or not name.startswith(("w13_weight", "w2_weight")):
+                continue
+            loaded = layer.loaded_shards.get(name, {})
+            for e in range(param.shape[0]):
+                for shard in (("w1", "w3") if name.startswith("w13") else ("w2",)):
+                    if (e, shard) not in loaded:
+                        raise incomplete(prefix, name, f"no {shard} of local expert {e}")
+                    if param.dim() == 3:
+                        rows, cols = param.shape[1:]
+                        want = (rows // 2 * tp, cols) if shard != "w2" else (rows, cols * tp)
+                        if loaded[e, shard] != want:
+                            raise incomplete(prefix, name, f"{shard} of local expert {e} has shape "
+                                             f"{loaded[e, shard]}, expected {want}")
+        check_finite(layer, prefix, ("w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
+                                     "w2_weight_scale_2"))
 
     def get_fused_moe_quant_config(self, layer: torch.nn.Module):
         return None  # no vLLM kernel runs these experts
