@@ -107,22 +107,9 @@ def _rank_seeds(rank: int, port: int, queue) -> None:
 def test_each_rank_rounds_with_its_own_seeds():
     """Two gloo ranks starting the same step take different stochastic-rounding seeds (their gradients differ,
     so must their rounding bits), each derive_seed(seed, step, its rank, call)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
+    from tests.helpers.gloo import run_ranks
     from titan_fp4six.quant.process_state import derive_seed
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_seeds, args=(rank, port, queue)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    seeds = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    seeds = dict(enumerate(run_ranks(_rank_seeds, 2)))
     assert seeds == {rank: [derive_seed(5, 3, rank, call) for call in range(2)] for rank in range(2)}
     assert not set(seeds[0]) & set(seeds[1])

@@ -3,11 +3,10 @@ over their rows, Shard(1), as torchtitan does when FSDP x EP exceeds the experts
 on every rank. Packed: each engine's installed QuantizedWeights are bitwise the whole weights' quantization (codes,
 scales, decode, amaxes, source), for FP32 and bf16 operands; the rest is the trainer's tensors; bf16: everything."""
 
-import socket
-
 import pytest
 import torch
 
+from tests.helpers.gloo import run_ranks
 from tests.helpers.training_harness import REPO
 
 RECIPE = str(REPO / "configs" / "rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml")
@@ -68,7 +67,7 @@ def _rank(rank: int, port: int, placement: int, mode: str, dtype: torch.dtype, q
         engine_state = engine.state_dict()
         copied = [n for n in whole if ".experts." not in n or mode == "bf16"]
         unequal = [n for n in copied if not torch.equal(engine_state[n], whole[n].to(dtype))]
-        queue.put((rank, checked, mismatched, unequal, stats))
+        queue.put((rank, (checked, mismatched, unequal, stats)))
     finally:
         dist.destroy_process_group()
 
@@ -76,21 +75,7 @@ def _rank(rank: int, port: int, placement: int, mode: str, dtype: torch.dtype, q
 @pytest.mark.parametrize("placement, mode, dtype", [(0, "packed", torch.float32), (1, "packed", torch.float32),
                                                     (0, "packed", torch.bfloat16), (1, "bf16", torch.float32)])
 def test_the_engine_holds_the_trainers_weights(placement, mode, dtype):
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, placement, mode, dtype, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=240) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    for rank, checked, mismatched, unequal, stats in results:
+    for rank, (checked, mismatched, unequal, stats) in enumerate(run_ranks(_rank, 2, placement, mode, dtype)):
         assert unequal == [], (rank, unequal)
         if mode == "packed":
             assert checked > 0 and mismatched == 0, (rank, checked, mismatched)
@@ -137,19 +122,5 @@ def test_packed_weights_assemble_from_every_expert_layout():
     """4 gloo ranks: experts split unevenly (a rank with none), rows split, and expert parallelism's 2-D layouts
     (FSDP2's strided shard of the experts over efsdp x ep, or rows over efsdp): each rank's packed weight is
     bitwise the whole weight's quantization."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_placements_rank, args=(r, port, queue)) for r in range(4)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=240) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    for rank, out in results:
+    for rank, out in enumerate(run_ranks(_placements_rank, 4)):
         assert all(out.values()), (rank, out)
