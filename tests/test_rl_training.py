@@ -74,6 +74,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["--rl.temperature", "0"], r"rl.temperature=0.0; it must be > 0 .*every advantage is 0"),
     (["--rl.temperature", "-1"], r"rl.temperature=-1.0; it must be > 0"),
+    (["--rl.temperature", "1e-40"], r"rl.temperature=1e-40; use rl.temperature >= 0.001"),
+    (["--rl.seed", "-1"], r"rl.seed=-1; it must be an integer in \[0, 2\*\*63\)"),
+    (["--rl.seed", "100000000000000000000"], r"rl.seed=100000000000000000000; it must be an integer"),
     (["--rl.top_p", "1.5"], r"rl.top_p=1.5; it must be in \(0, 1\]"),
     (["--rl.group_size", "1"], r"rl.group_size=1; it must be an integer >= 2"),
     (["--rl.task_length", "0"], r"rl.task_length=0; it must be an integer >= 1"),

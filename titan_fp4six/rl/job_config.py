@@ -8,6 +8,9 @@ from ..integration import job_config as _plugin
 GENERATORS = ("native", "vllm")
 WEIGHT_SYNCS = ("packed", "bf16")
 RESCORINGS = ("padded", "packed")
+MIN_TEMPERATURE = 1e-3
+"""The lowest rl.temperature: the tempered logits (logprobs / temperature, FP32) must stay finite, and below it
+sampling is the argmax to FP32's resolution anyway (1e-40 overflowed to inf/nan in multinomial)."""
 VLLM_MIN_TEMPERATURE = 0.01
 """vLLM's SamplingParams raises a temperature below this to it (vllm/sampling_params.py: _MAX_TEMP, with a log
 line only), while the trainer re-scores at the set one."""
@@ -115,6 +118,12 @@ class RL:
             raise ValueError(f"rl.temperature={self.temperature!r}; it must be > 0 (1 samples the policy itself): at 0 "
                              "every sample of a group is the same greedy answer, so every advantage is 0 and only "
                              "the entropy bonus would train")
+        if self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"rl.temperature={self.temperature!r}; use rl.temperature >= {MIN_TEMPERATURE}: the "
+                             "tempered logits (logprobs / temperature) leave FP32's range below it, and sampling is "
+                             "the argmax to FP32's resolution there anyway")
+        if not (type(self.seed) is int and 0 <= self.seed < 2 ** 63):
+            raise ValueError(f"rl.seed={self.seed!r}; it must be an integer in [0, 2**63) (it seeds torch.Generator)")
         if self.generator == "vllm" and self.temperature < VLLM_MIN_TEMPERATURE:
             raise ValueError(f"rl.temperature={self.temperature!r} with rl.generator='vllm': vLLM samples at "
                              f"{VLLM_MIN_TEMPERATURE} instead (it raises lower temperatures) while the trainer "
