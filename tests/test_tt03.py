@@ -204,3 +204,14 @@ def test_a_non_finite_loss_stops_the_run_unless_allowed(tmp_path):
     stop = r"FloatingPointError: step 2: non-finite .*; stopped at step 3 \(the first step that read it\)"
     assert re.search(stop, stopped.stdout), stopped.stdout[-3000:]
     assert run("--training.allow_nonfinite").returncode == 0
+
+
+@pytest.mark.parametrize("module", ["titan_fp4six.rl", "titan_fp4six.export", "titan_fp4six.integration.dry_run",
+                                    "titan_fp4six.rl.dry_run"])
+def test_the_0_2_only_tools_name_the_versions_under_0_3(module):
+    """They died at import with a bare ModuleNotFoundError from inside torchtitan 0.3, naming no version."""
+    proc = subprocess.run([sys.executable, "-m", module, "--job.config_file", "x.toml"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode != 0
+    assert re.search(r"ImportError: python -m [\w.]+ is the integration for torchtitan 0\.2\.x, but torchtitan 0\.3\.\d+ "
+                     r"is installed: use ", proc.stderr), proc.stderr[-2000:]

@@ -7,6 +7,10 @@ allocating it. ``python -m titan_fp4six.integration.dry_run --job.config_file RE
 ``estimate_memory``; it is an estimate for planning, not a measurement.
 """
 
+from titan_fp4six.integration.version import require
+
+require("0.2", "python -m titan_fp4six.integration.dry_run")  # before the torchtitan 0.2 imports below
+
 import argparse
 import dataclasses
 import math

@@ -23,6 +23,10 @@ truncated shards, non-finite weights, fused projections converted differently, a
 quantize (the LM head), an nvfp4 export that would quantize nothing. A refused export removes what it made.
 """
 
+from titan_fp4six.integration.version import require
+
+require("0.2", "python -m titan_fp4six.export", "torchtitan 0.2.x: export runs next to torchtitan 0.2 only (bash scripts/setup.sh)")  # before the torchtitan 0.2 imports below
+
 import argparse
 import json
 import os

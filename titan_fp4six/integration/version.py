@@ -29,12 +29,13 @@ def series(version: str | None = None) -> str:
     return key
 
 
-def require(wanted: str, what: str) -> None:
-    """Refuse to load `what` (a module for one series) next to another torchtitan, naming the right entry."""
+def require(wanted: str, what: str, instead: str | None = None) -> None:
+    """Refuse to load `what` (a module or tool for one series) next to another torchtitan, naming the right entry
+    (`instead`, default the other series' training entry)."""
     have = series()
     if have != wanted:
         raise ImportError(f"{what} is the integration for torchtitan {wanted}.x, but torchtitan {installed()} is "
-                          f"installed: use {SUPPORTED[have]}")
+                          f"installed: use {instead or SUPPORTED[have]}")
 
 
 def trainer_config(trainer):

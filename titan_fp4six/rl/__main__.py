@@ -2,6 +2,10 @@
 
 
 def main() -> None:
+    from ..integration.version import require
+
+    require("0.2", "python -m titan_fp4six.rl", "torchtitan 0.2.x, or under 0.3 torchtitan's RL experiment with "
+            "--module titan_fp4six.integration.tt03.rl (docs/rl.md)")
     from ..train import prepare_process
 
     prepare_process()

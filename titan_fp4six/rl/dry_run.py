@@ -10,6 +10,10 @@ GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollo
 --gpu-memory-gib. An estimate for planning, not a measurement.
 """
 
+from titan_fp4six.integration.version import require
+
+require("0.2", "python -m titan_fp4six.rl.dry_run", "torchtitan 0.2.x for this dry run")  # before the torchtitan 0.2 imports below
+
 import argparse
 import os
 import sys
