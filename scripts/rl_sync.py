@@ -20,7 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml"
 PAGE = ROOT / "docs" / "results" / "rl_sync.md"
-PACKED = 0.5 + 1 / 16  # bytes per expert weight: a 4-bit code, an E4M3 scale per 16 (amaxes negligible)
 
 
 def run(nproc: int, sync: str, flavor: str, steps: int, out: Path, generator: str) -> list[dict]:
@@ -44,6 +43,7 @@ def thirty_b() -> str:
     from torchtitan.protocols.train_spec import get_train_spec
 
     import titan_fp4six.integration.job_config  # noqa: F401  (the flavors)
+    from titan_fp4six.rl.dry_run import PACKED_BYTES as PACKED
 
     spec = get_train_spec("qwen3")
     a = spec.model_args["30B-A3B"]
@@ -55,9 +55,10 @@ def thirty_b() -> str:
     gib = 1024 ** 3
     packed, bf16 = (dense * 2 + experts * PACKED) / gib, total * 2 / gib
     return (f"Qwen3-30B-A3B: {total / 1e9:.2f}B parameters, {experts / 1e9:.2f}B of them routed experts "
-            f"({a.n_layers} layers x {a.moe_args.num_experts} experts x 3 x {a.dim} x {a.moe_inter_dim}). Each of the 8 "
-            f"ranks assembles the whole model after every step: bf16 sync {bf16:.1f} GiB; packed sync "
-            f"{dense * 2 / gib:.1f} GiB dense bf16 + {experts * PACKED / gib:.1f} GiB packed experts = {packed:.1f} GiB "
+            f"({a.n_layers} layers x {a.moe_args.num_experts} experts x 3 x {a.dim} x {a.moe_inter_dim}). Each of "
+            f"the 8 ranks assembles the whole model after every step: bf16 sync {bf16:.1f} GiB; packed sync "
+            f"{dense * 2 / gib:.1f} GiB dense bf16 + {experts * PACKED / gib:.1f} GiB packed experts = {packed:.1f} "
+            "GiB "
             f"({packed / bf16:.2f}x). A rank receives 7/8 of it from the others (an all-gather): {bf16 * 7 / 8:.1f} "
             f"against {packed * 7 / 8:.1f} GiB. At an all-gather bus bandwidth of B GB/s that takes "
             f"{bf16 * 7 / 8 * gib / 1e9:.0f}/B against {packed * 7 / 8 * gib / 1e9:.0f}/B seconds (an assumption, not "
@@ -81,8 +82,9 @@ def main() -> None:
                              "sync_whole_bytes")}
             step = med["gen_s"] + med["train_s"] + med["sync_s"]
             sent = med["sync_packed_bytes"] + med["sync_whole_bytes"]
-            experts = (f"{med['sync_packed_bytes'] / 1e6:.2f} MB ({med['sync_packed_bytes'] / med['sync_packed_bf16_bytes']:.3f}x bf16)"
-                       if med["sync_packed_bytes"] else "-")
+            ratio = med["sync_packed_bytes"] / max(med["sync_packed_bf16_bytes"], 1)
+            experts = (f"{med['sync_packed_bytes'] / 1e6:.2f} MB ({ratio:.3f}x bf16)" if med["sync_packed_bytes"]
+                       else "-")
             rows.append(f"| {generator} | {nproc} | {sync if nproc > 1 or generator == 'vllm' else 'none (own model)'} "
                         f"| {step:.3f} | {med['gen_s']:.3f} | {med['train_s']:.3f} | {med['sync_s'] * 1e3:.1f} | "
                         f"{sent / 1e6:.2f} | {experts} |")

@@ -8,6 +8,7 @@ from .grouped import (assembled_grouped_weight, decode_grouped_activations, four
                       loaded_weight_grouped_mm, quantize_grouped_weight, quantize_grouped_weight_shard)
 from .weights import QuantizedWeight
 
-__all__ = ["FourOverSixRecipe", "QuantizedWeight", "assembled_grouped_weight", "decode_grouped_activations", "four_over_six_grouped_mm",
-           "four_over_six_linear", "four_over_six_mm", "loaded_weight_grouped_mm", "loaded_weight_mm",
+__all__ = ["FourOverSixRecipe", "QuantizedWeight", "assembled_grouped_weight", "decode_grouped_activations",
+           "four_over_six_grouped_mm", "four_over_six_linear", "four_over_six_mm", "loaded_weight_grouped_mm",
+           "loaded_weight_mm",
            "quantize_grouped_weight", "quantize_grouped_weight_shard", "quantize_linear_weight"]

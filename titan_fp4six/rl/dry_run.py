@@ -6,13 +6,14 @@ experts against EP, whole prompt groups per rank), builds and converts the model
 the memory each rank needs: the trainer's shard (integration/dry_run.py's estimate, re-scoring this rank's
 rollouts), the KL reference's shard, and the whole-model rollout engine every rank holds (dense weights in the
 forward's dtype; the converted experts packed as the weight sync sends them, plus their bf16 decode where the
-GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollouts whole). Exits non-zero when a rank needs more than 90% of
---gpu-memory-gib. An estimate for planning, not a measurement.
+GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollouts whole). Exits non-zero when
+a rank needs more than 90% of --gpu-memory-gib. An estimate for planning, not a measurement.
 """
 
 from titan_fp4six.integration.version import require
 
-require("0.2", "python -m titan_fp4six.rl.dry_run", "torchtitan 0.2.x for this dry run")  # before the torchtitan 0.2 imports below
+# before the torchtitan 0.2 imports below
+require("0.2", "python -m titan_fp4six.rl.dry_run", "torchtitan 0.2.x for this dry run")
 
 import argparse
 import os

@@ -60,17 +60,17 @@ def check_rl_job(job_config, engine: bool = True) -> CopyTask | DatasetTask:
 
         check_engine(get_train_spec(name).model_args[job_config.model.flavor], job_config.model.flavor,
                      not torch.cuda.is_available())
-    check_layout(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_layout(job_config, world)
     task = _task(job_config)
     if cfg.engine_kv_cache_gib:
         from .vllm_generator import kv_cache_bytes
 
         args = get_train_spec(name).model_args[job_config.model.flavor]
-        one = kv_cache_bytes(args, 1, task.max_positions(),
-                             engine_dtype(job_config, int(os.environ.get("WORLD_SIZE", "1"))))
+        one = kv_cache_bytes(args, 1, task.max_positions(), engine_dtype(job_config, world))
         if cfg.engine_kv_cache_gib * GIB < one:
-            raise ValueError(f"rl.engine_kv_cache_gib={cfg.engine_kv_cache_gib!r} holds less than one whole sequence of "
-                             f"model.flavor={job_config.model.flavor!r} ({task.max_positions()} positions: "
+            raise ValueError(f"rl.engine_kv_cache_gib={cfg.engine_kv_cache_gib!r} holds less than one whole "
+                             f"sequence of model.flavor={job_config.model.flavor!r} ({task.max_positions()} positions: "
                              f"{one / GIB:.3g} GiB); raise it or set 0 (one step's rollouts)")
     return task
 

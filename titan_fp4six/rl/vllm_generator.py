@@ -4,10 +4,11 @@ built and converted by the recipe's own converters, so the 4/6 Linears and exper
 `VLLMModel` is the model class vLLM builds: a torchtitan Qwen3 model (from the trainer's builder) whose decoder
 layers run through rl/forward.py's `decoder_layer` with vLLM's paged `Attention` as the attention core (vLLM
 schedules, caches keys/values and samples). Its weights are the trainer's, copied in memory after every optimizer
-step (rl/weight_sync.py: no checkpoint on disk), its experts as the trainer quantized them. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model object is
-reached directly, and the builder needs no pickling), prefix caching off (cached keys of an older policy would
-be reused after a weight update), and it reports the logprobs of the distribution it sampled from (temperature
-and top-p applied: the sampling policy, as the native generator does).
+step (rl/weight_sync.py: no checkpoint on disk), its experts as the trainer quantized them. The engine runs in
+this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model object is reached directly, and the builder needs no
+pickling), prefix caching off (cached keys of an older policy would be reused after a weight update), and it
+reports the logprobs of the distribution it sampled from (temperature and top-p applied: the sampling policy, as
+the native generator does).
 
 vLLM is imported only here and only when a VLLMGenerator is built: `scripts/setup_vllm.sh` makes `.venv-vllm`.
 """

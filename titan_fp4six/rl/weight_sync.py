@@ -14,12 +14,12 @@ In packed mode the engine's own expert parameters become one-element placeholder
 only their shape next to a QuantizedWeight): the engine holds its experts packed only.
 """
 
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from ..modules.dtensor import is_dtensor
 from ..ops import assembled_grouped_weight, quantize_grouped_weight_shard
 from .experts import WEIGHT_NAMES, ExpertWeightCache, is_quantized, rollout_recipe
 
@@ -29,12 +29,11 @@ _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.
 @dataclass
 class SyncStats:
     """What one sync assembled on each rank (gathered, or its own where unsharded): `packed` the packed experts'
-    bytes and `packed_bf16` what those weights weigh in bf16, `whole` every other tensor's bytes; wall time."""
+    bytes and `packed_bf16` what those weights weigh in bf16, `whole` every other tensor's bytes."""
 
     packed: int
     packed_bf16: int
     whole: int
-    seconds: float
 
 
 def _name(fqn: str) -> str:
@@ -44,24 +43,18 @@ def _name(fqn: str) -> str:
     return fqn
 
 
-def _is_dtensor(t: Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
 def _whole(t: Tensor) -> Tensor:
-    return t.full_tensor() if _is_dtensor(t) else t
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def _local(t: Tensor) -> Tensor:
-    return t.to_local() if _is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def _gathered(local: Tensor, like: Tensor, shape: tuple) -> Tensor:
     """The whole tensor of `shape` whose shard on this rank is `local`, laid out over the ranks as `like` (a
     DTensor sharded on its leading dims; a plain tensor: `local` is already whole)."""
-    if not _is_dtensor(like):
+    if not is_dtensor(like):
         return local
     from torch.distributed.tensor import DTensor
 
@@ -81,7 +74,7 @@ def _expert_amaxes(w: Tensor, local: Tensor) -> tuple[Tensor, Tensor]:
     rows (dim 1) the shards' amaxes are reduced (partial max); over those that shard the experts (dim 0, plain or
     strided) they stay sharded, so this rank's experts come back in its own order."""
     a = (local.abs().amax(dim=(1, 2)) if local.numel() else local.new_zeros(local.shape[0])).float()[:, None, None]
-    if not _is_dtensor(w):
+    if not is_dtensor(w):
         return a.view(-1), a.view(-1)
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
@@ -126,7 +119,7 @@ class WeightSync:
     forward hands its expert weights to the ops in (the packed QuantizedWeights are made for it)."""
 
     def __init__(self, engine: nn.Module, cache: ExpertWeightCache, mode: str, expert_dtype: torch.dtype):
-        self.engine, self.cache, self.mode, self.expert_dtype = engine, cache, mode, expert_dtype
+        self.cache, self.mode, self.expert_dtype = cache, mode, expert_dtype
         self.experts = {name: m for name, m in engine.named_modules() if is_quantized(m)} if mode == "packed" else {}
         self.packed = {f"{name}.{w}" for name in self.experts for w in WEIGHT_NAMES}
         for m in self.experts.values():
@@ -138,7 +131,6 @@ class WeightSync:
 
     @torch.no_grad()
     def __call__(self, trainer: nn.Module) -> SyncStats:
-        start = time.perf_counter()
         packed = packed_bf16 = whole_bytes = 0
         tensors = {_name(n): t for n, t in trainer.named_parameters()}
         tensors.update({_name(n): t for n, t in trainer.named_buffers() if _name(n) in self.targets})
@@ -163,4 +155,4 @@ class WeightSync:
             self.cache.install(experts, tuple(weights))
         if self.mode == "bf16":
             self.cache.invalidate()
-        return SyncStats(packed, packed_bf16, whole_bytes, time.perf_counter() - start)
+        return SyncStats(packed, packed_bf16, whole_bytes)
