@@ -1,5 +1,5 @@
-"""Reports behind the docs: the quantization-error table of docs/results.md, the RL table and figures of docs/rl.md,
-the training-fidelity study's verdicts as one figure (docs/fidelity.md).
+"""Reports behind the docs: the quantization-error table of docs/results/quant_error.md, the RL table and figures
+of docs/rl.md, the training-fidelity study's verdicts as one figure (docs/fidelity.md).
 
     python -m scripts.report quant-error --out OUT       # markdown table on stdout; JSON and PNGs in OUT
     python -m scripts.report quant-error --no-capture --out OUT   # synthetic distributions only (seconds)
