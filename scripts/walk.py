@@ -3,7 +3,8 @@
     python -m scripts.walk [--quantizer reference] [--rows 64]
 
 Runs one small dense_bwd (backward 'quantized': every backward operand), as the first call of its recipe
-(the package's stored resolutions cleared: the plan and backends are looked up as a new key's are) under
+(the package's stored resolutions cleared: the backends and role quantizers are built as a new key's are; the
+plan is kept, a pure function of the key string, recipe.plan_of_key) under
 sys.setprofile and reports every titan_fp4six function entered, in order: the stops, the files they
 are in, and the climbs (a stop in a higher layer than the stop before it: numerics / kernels < quant < ops <
 modules < integration). Counting starts at the op body (dense_bwd) and ends at the leaves, the first numerics or
@@ -38,7 +39,8 @@ def walk(quantizer: str, rows: int, warm: bool = False) -> list[tuple[str, str]]
     for module in [m for name, m in sys.modules.items() if name.startswith("titan_fp4six.") and not warm]:
         for value in list(vars(module).values()):  # a first call of a new key: every stored resolution redone
             if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "") == module.__name__:
-                value.cache_clear()
+                if getattr(value, "__name__", "") != "plan_of_key":
+                    value.cache_clear()
     stops, inside = [], [False]
 
     def profile(frame, event, arg):

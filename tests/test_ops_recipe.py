@@ -56,14 +56,28 @@ def test_quantized_backward_holds_for_row_scaling_and_grouped():
             assert p.x.scaling == ("row" if row else "group" if grouped else "tensor")
 
 
-def test_the_ops_find_a_recipe_plan_by_its_key_or_the_resolved_key():
-    """The custom ops receive a key string; the plan behind it is the recipe's own, never rebuilt from the key."""
-    from titan_fp4six.quant.recipe import registered_plan
+def test_a_key_names_its_plan_in_any_process():
+    """The custom ops receive a key string; plan_of_key turns the recipe's key or the resolved plan's key into the
+    recipe's plan from the string alone: a process that never built the recipe (a vLLM worker, a compile
+    subprocess) gets the same plan; a malformed key or knob value is refused naming the knob."""
+    import subprocess
+    import sys
 
-    recipe = FourOverSixRecipe(err_mode="mae", scope="weights")  # backward "auto"
+    from titan_fp4six.quant.recipe import KNOBS, plan_of_key
+
+    recipe = FourOverSixRecipe(err_mode="mae", scope="weights", scale_bound=448, wgrad_rht=True)  # backward "auto"
     for grouped in (False, True):
+        if grouped:  # wgrad_rht needs the quantized backward, which grouped GEMMs resolve away from
+            recipe = FourOverSixRecipe(err_mode="mae", scope="weights", activation_scaling="row")
         plan = recipe.plan(grouped)
-        assert registered_plan(plan.key, grouped) is plan and registered_plan(recipe.key, grouped) is plan
+        assert plan_of_key(plan.key, grouped) == plan and plan_of_key(recipe.key, grouped) == plan
         assert plan.key != recipe.key  # auto resolved: quantized (dense), high_precision (grouped)
-    with pytest.raises(KeyError, match=r"no FourOverSixRecipe of this process has the key 'nonsense' for grouped"):
-        registered_plan("nonsense", True)
+        code = ("import sys; from titan_fp4six.quant.recipe import plan_of_key; "
+                f"print(repr(plan_of_key({plan.key!r}, {grouped})))")
+        fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert fresh.stdout.strip() == repr(plan)
+    with pytest.raises(ValueError, match=r"'nonsense' is not a FourOverSixRecipe key: it holds 1 comma-separated"):
+        plan_of_key("nonsense", True)
+    bad = ",".join("mse2" if f.name == "err_mode" else str(f.default) for f in KNOBS)
+    with pytest.raises(ValueError, match=r"FourOverSixRecipe.err_mode"):
+        plan_of_key(bad, False)

@@ -16,7 +16,7 @@ from titan_fp4six.numerics.formats import RHT_SIGNS
 from titan_fp4six.numerics.hadamard import rht16_blocks, rht16_columns_reference
 from titan_fp4six.numerics.groups import TokenBlocks
 from titan_fp4six.numerics.spec import NVFP4, OperandSpec
-from titan_fp4six.quant.recipe import registered_plan
+from titan_fp4six.quant.recipe import plan_of_key
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -196,7 +196,7 @@ def test_plan_roles(wgrad_rht):
     assert (p.x_t.transform, p.dy_t.transform) == (want, want)
     assert (p.x.transform, p.w.transform, p.dy.transform, p.w_t.transform) == ("none",) * 4
     assert p.dy == NVFP4 and p.dy_t.untransformed == NVFP4 and p.x_t.untransformed == p.x
-    assert registered_plan(p.key, False) == p
+    assert plan_of_key(p.key, False) == p
     assert FourOverSixRecipe(wgrad_rht=wgrad_rht).plan(grouped=False) == p  # auto: quantized for dense
 
 
@@ -212,7 +212,7 @@ def test_plan_roles_grouped_and_row_scaled(grouped, scaling):
     assert p.x_t.untransformed == plain.x_t and p.dy_t.untransformed == plain.dy_t
     assert (p.x, p.w, p.dy, p.w_t) == (plain.x, plain.w, plain.dy, plain.w_t)
     assert p.x_t.scaling == ("row" if scaling == "row" else "group" if grouped else "tensor")
-    assert registered_plan(p.key, grouped) == p
+    assert plan_of_key(p.key, grouped) == p
 
 
 @pytest.mark.parametrize("knobs, resolved", [(dict(backward="high_precision"), ""),

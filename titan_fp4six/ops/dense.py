@@ -18,7 +18,7 @@ from ..quant.grad_operands import dense_grad_operands
 from ..quant.library import compile_opaque_op
 from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
 from ..quant.quantize import run_dequantize
-from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
+from ..quant.recipe import FourOverSixRecipe, GemmPlan, plan_of_key
 from .checks import check_dense, check_linear_weight, check_loaded_weight
 from .gemm import gemm_nt
 from .weights import QuantizedWeight, quantize_rows
@@ -53,7 +53,7 @@ def dense_fwd(x: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, T
 @dense_fwd.register_fake
 def _(x, weight, recipe):
     (m, k), n = x.shape, weight.shape[0]
-    row_scaled = registered_plan(recipe, False).row_scaled
+    row_scaled = plan_of_key(recipe, False).row_scaled
     return (x.new_empty(m, n), *_fake_codes(x, m, k), *_fake_codes(x, n, k),
             x.new_empty((m if row_scaled else 1) + 1, dtype=torch.float32))
 
@@ -73,7 +73,7 @@ def dense_fwd_quantized_weight(x: Tensor, w_codes: Tensor, w_scales: Tensor, w_d
 @dense_fwd_quantized_weight.register_fake
 def _(x, w_codes, w_scales, w_decoded, w_amax, recipe):
     m, k = x.shape
-    row_scaled = registered_plan(recipe, False).row_scaled
+    row_scaled = plan_of_key(recipe, False).row_scaled
     return (x.new_empty(m, w_codes.shape[0]), *_fake_codes(x, m, k),
             x.new_empty(m if row_scaled else (), dtype=torch.float32))
 

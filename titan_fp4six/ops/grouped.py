@@ -21,7 +21,7 @@ from ..quant.operands import GemmQuantizers, Operand, gemm_quantizers
 from ..quant.primitives import pick
 from ..quant.process_state import MAP4_STATS
 from ..quant.quantize import run_decode_block_scaled, run_dequantize
-from ..quant.recipe import FourOverSixRecipe, GemmPlan, registered_plan
+from ..quant.recipe import FourOverSixRecipe, GemmPlan, plan_of_key
 from .checks import check_expert_weights, check_grouped, check_loaded_weight
 from .gemm import grouped_gemm_nt, grouped_wgrad_nt
 from .weights import QuantizedWeight, quantize_rows, quantize_weight_rows, source_of
@@ -97,7 +97,7 @@ def _fake_a_side(A: Tensor, offs: Tensor, recipe: str) -> tuple[Tensor, ...]:
     """Fake A codes, scales, amax, group of each row and empty groups."""
     m, k = A.shape
     e = offs.shape[0]
-    row_scaled = registered_plan(recipe, True).row_scaled
+    row_scaled = plan_of_key(recipe, True).row_scaled
     return (A.new_empty(m, k // 2, dtype=torch.uint8), A.new_empty(m, k // 16, dtype=_F8),
             A.new_empty(m if row_scaled else e, dtype=torch.float32), A.new_empty(m, dtype=torch.int64),
             A.new_empty(e, dtype=torch.bool))

@@ -23,7 +23,7 @@ from .process_state import GRADIENT_ROUNDING, MAP4_STATS
 from .primitives import pick
 from .quantize import (DECODE, QUANTIZE, QUANTIZE_COLUMNWISE, padded_transpose, run_quantize_token_blocks,
                        run_rht16_columns, run_rht16_columns_amax, run_rht16_token_blocks_amax)
-from .recipe import GemmPlan, registered_plan
+from .recipe import GemmPlan, plan_of_key
 
 
 @dataclass
@@ -184,9 +184,9 @@ class GemmQuantizers(NamedTuple):
 
 @functools.cache
 def gemm_quantizers(key: str, grouped: bool, device: torch.device) -> GemmQuantizers:
-    """The role quantizers of the plan a recipe registered under `key` (recipe.registered_plan), on `device`:
+    """The role quantizers of the plan `key` names (recipe.plan_of_key), on `device`:
     built once per (key, grouped, device), what every op call after the first reads."""
-    plan = registered_plan(key, grouped)
+    plan = plan_of_key(key, grouped)
     b = backends_for(plan.quantizer, plan.gemm, device)
     x, w = RoleQuantizer(plan.x, b, counted=True), RoleQuantizer(plan.w, b, counted=True)  # the forward's count
     if plan.backward != "quantized":

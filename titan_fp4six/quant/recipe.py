@@ -4,9 +4,12 @@ The TOML sections of the torchtitan integration derive their fields and defaults
 (`KNOBS`), so a knob is declared, documented and validated here only. resolve_plan turns a recipe into a
 GemmPlan, the operand spec of every role of a dense or grouped GEMM; modules store a recipe resolved for their
 GEMM kind (`resolve`: backward never "auto"); the hot path passes its plan to the custom ops as its `key`
-string (a custom op takes no Python object), and the op bodies look the plan up by it (registered_plan): it is
-never parsed or validated again.
+string (a custom op takes no Python object), and the op bodies turn it back into the plan with plan_of_key, a
+pure function cached per key: any process gets the same plan from the same string (a vLLM worker, a compile
+subprocess, an RL engine rank), without a recipe built there first.
 """
+
+import functools
 
 from dataclasses import dataclass, field, fields, replace
 
@@ -28,7 +31,7 @@ def _knob(default, valid, doc: str):
 @dataclass(frozen=True, kw_only=True)
 class FourOverSixRecipe:
     """How a four-over-six GEMM quantizes and where it runs (docs/numerics.md, docs/ops.md). `key`: the knob
-    values as one string in field order; the recipe registers its plans under it (registered_plan)."""
+    values as one string in field order (from_key is its inverse; plan_of_key the plan it names)."""
 
     err_mode: str = _knob("mse", ERR_MODES, "Candidate choice per block between map-to-6 and map-to-4: 'mse' or "
                                             "'mae' error.")
@@ -66,9 +69,15 @@ class FourOverSixRecipe:
         object.__setattr__(self, "key", ",".join([str(getattr(self, f.name)) for f in KNOBS]))
         object.__setattr__(self, "_dense_plan", resolve_plan(self, grouped=False))
         object.__setattr__(self, "_grouped_plan", _plan_or_none(self, grouped=True))
-        for grouped, plan in ((False, self._dense_plan), (True, self._grouped_plan)):
-            if plan is not None:  # under the recipe's key and the resolved one, which the ops receive
-                _PLANS[self.key, grouped] = _PLANS[plan.key, grouped] = plan
+
+    @classmethod
+    def from_key(cls, key: str) -> "FourOverSixRecipe":
+        """The recipe whose `key` this is (a recipe's or a plan's), checked like any other construction."""
+        values = key.split(",")
+        if len(values) != len(KNOBS):
+            raise ValueError(f"{key!r} is not a FourOverSixRecipe key: it holds {len(values)} comma-separated "
+                             f"values, a key holds one per knob ({', '.join(f.name for f in KNOBS)})")
+        return cls(**{f.name: _parse_knob(f, v) for f, v in zip(KNOBS, values)})
 
     def plan(self, grouped: bool) -> "GemmPlan":
         """This recipe resolved for a dense (grouped=False) or grouped GEMM (resolve_plan)."""
@@ -98,7 +107,7 @@ class GemmPlan:
     weight-gradient GEMM's operands, carry transform 'rht16' with wgrad_rht (their amaxes then the transformed
     tensors'); dy and dy_t carry rounding 'stochastic' with gradient_rounding; a 16x16 w_t is the forward's
     tiles transposed (a tile is its own transpose), not quantized again. key: the resolved recipe's key, the form
-    the custom ops take (registered_plan looks the plan up by it)."""
+    the custom ops take (plan_of_key turns it back into this plan)."""
 
     key: str
     backward: str
@@ -175,15 +184,18 @@ KNOBS = tuple(fields(FourOverSixRecipe))
 """The recipe's knobs (dataclass fields with metadata "valid" and "doc"): what the TOML sections derive from."""
 
 
-_PLANS: dict[tuple[str, bool], GemmPlan] = {}
+def _parse_knob(knob, text: str):
+    """A knob's value from its text in a key: the type of the knob's default (str(True) is 'True')."""
+    kind = type(knob.default)
+    if kind is bool:
+        return {"True": True, "False": False}.get(text, text)  # anything else: refused by check_choice
+    if kind is int:
+        return int(text) if text.lstrip("-").isdigit() else text
+    return text
 
 
-def registered_plan(key: str, grouped: bool) -> GemmPlan:
-    """The plan a FourOverSixRecipe of this process resolved for a dense or grouped GEMM, by the recipe's key or
-    the plan's (what the custom ops' bodies receive)."""
-    try:
-        return _PLANS[key, grouped]
-    except KeyError:
-        kind = "grouped" if grouped else "dense"
-        raise KeyError(f"no FourOverSixRecipe of this process has the key {key!r} for {kind} GEMMs; the ops take "
-                       "the key of a recipe's plan: recipe.plan(grouped).key") from None
+@functools.cache
+def plan_of_key(key: str, grouped: bool) -> GemmPlan:
+    """The plan a recipe's key (or a plan's, what the custom ops' bodies receive) names for a dense or grouped
+    GEMM: resolved from the key's knob values alone, the same in every process."""
+    return FourOverSixRecipe.from_key(key).plan(grouped)
