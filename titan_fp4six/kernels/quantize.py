@@ -10,7 +10,7 @@ chunk of blocks the bound cannot settle, or outside the bound's range (NaN, FP32
 chunk loop with the spec's arithmetic exactly as written. Launched with enable_fp_fusion=False (no contracted
 FMA); every division is tl.math.div_rn except two the fast paths replace by exact FMA sequences (bits.div6,
 encode.newton_inverse_scale). Launchers take validated arguments; titan_fp4six.quant.primitives decides when they run.
-docs/kernels.md has the design, the validation and the H200 speed.
+docs/kernels.md has the design and the validation, docs/results/kernels.md the H200 speed.
 """
 import functools
 from typing import NamedTuple
@@ -50,7 +50,7 @@ class Launch(NamedTuple):
 # column, so every tile reduction is a register add and shuffles; capped at 96 registers (with one amax per row
 # the compiler takes ~101) for 21 resident warps. The fused kernel needs more registers per block and runs it in
 # two warps of 4 blocks x 8 rows, whose tile reductions cross the warps through shared memory. The fastest of the
-# shapes and caps tried on an H200 (docs/kernels.md).
+# shapes and caps tried on an H200 (docs/results/kernels.md).
 LAUNCH = {
     ("1x16", False): Launch(1, 32, 8, 1),
     ("1x16", True): Launch(1, 32, 8, 1),
@@ -68,7 +68,7 @@ LAUNCH = {
 # 32-columns-by-one-block shape. The kernels without the decode take two such warps side by side (16 columns:
 # whole 32-byte sectors of x read by one program, where 8 columns leave L2 to serve each sector twice); the
 # decoding kernels, which need more registers per block, are fastest with one. The fastest shapes tried on an
-# H200 (docs/kernels.md; `python3 -m scripts.bench kernels --only columns`).
+# H200 (docs/results/kernels.md; `python3 -m scripts.bench kernels --only columns`).
 COLUMN_LAUNCH = {
     ("1x16", False): Launch(16, 4, 8, 2),
     ("1x16", True): Launch(8, 4, 8, 1),
