@@ -1,5 +1,5 @@
 """Reports behind the docs: the quantization-error table of docs/results/quant_error.md, the RL table and figures
-of docs/rl.md, the training-fidelity study's verdicts as one figure (docs/fidelity.md).
+of docs/results/rl.md, the training-fidelity study's verdicts as one figure (docs/fidelity/verdicts.png).
 
     python -m scripts.report quant-error --out OUT       # markdown table on stdout; JSON and PNGs in OUT
     python -m scripts.report quant-error --no-capture --out OUT   # synthetic distributions only (seconds)
@@ -372,11 +372,12 @@ def cmd_quant_error(args):
         print(f"wrote {path}", file=sys.stderr)
 
 
-# --- rl: docs/rl.md's table and figures from the runs of scripts/rl_runs.sh -------------------------------------
+# --- rl: docs/results/rl.md's table and figures from the runs of scripts/rl_runs.sh -------------------------------
 # Reads OUT_DIR/<run>/rl_metrics.jsonl (one JSON line per GRPO step, written by `python -m titan_fp4six.rl`) for
-# the runs nvfp4_consistent, nvfp4_fast and bf16_fast; writes <docs>/rl_reward.png (reward per step, 10-step
-# moving average), <docs>/rl_mismatch.png (max and mean |trainer - rollout| logprob per step, symlog scale so
-# exact zeros show) and replaces the text between the report markers of <docs>/rl.md with the table.
+# the runs nvfp4_consistent, nvfp4_fast and bf16_fast; writes <docs>/results/rl_reward.png (reward per step,
+# 10-step moving average), <docs>/results/rl_mismatch.png (max and mean |trainer - rollout| logprob per step, symlog
+# scale so exact zeros show) and replaces the text between the report markers of <docs>/results/rl.md with the
+# table.
 
 RL_RUNS = {"nvfp4_consistent": "4/6 row-scaled, consistent", "nvfp4_fast": "4/6 row-scaled, fast",
            "bf16_fast": "bf16, fast"}
@@ -469,9 +470,9 @@ def rl_plot(runs: dict[str, list[dict]], docs: Path) -> None:
 
 def cmd_rl(args):
     runs = rl_load(args.out)
-    rl_plot(runs, args.docs)
+    rl_plot(runs, args.docs / "results")
     report = rl_table(runs, args.out)
-    doc = args.docs / "rl.md"
+    doc = args.docs / "results" / "rl.md"
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{doc} lacks the {BEGIN} ... {END} markers")
@@ -560,7 +561,7 @@ def main(argv=None) -> None:
     s.add_argument("--max-rows", type=int, default=512, help="rows kept per captured tensor (multiple of 16)")
     s.add_argument("--synthetic-size", type=int, default=1024)
     s.set_defaults(run=cmd_quant_error)
-    s = sub.add_parser("rl", help="docs/rl.md's table and figures from the runs of scripts/rl_runs.sh")
+    s = sub.add_parser("rl", help="docs/results/rl.md's table and figures from the runs of scripts/rl_runs.sh")
     s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/rl_runs.sh")
     s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
     s.set_defaults(run=cmd_rl)

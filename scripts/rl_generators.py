@@ -1,4 +1,4 @@
-"""Trainer/rollout mismatch of the three rollout paths, on the CPU, for docs/rl.md's generator table:
+"""Trainer/rollout mismatch of the three rollout paths, on the CPU, for docs/results/rl.md's generator table:
 
     .venv-vllm/bin/python -m scripts.rl_generators [--seeds 5] [--json OUT.json]
 

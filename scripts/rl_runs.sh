@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO on one GPU: the 4/6 recipe in consistent (batch-invariant) mode, the 4/6 recipe in fast mode and the
 # bf16 twin, STEPS steps each (default 200), logs and per-step metrics (rl_metrics.jsonl) under OUT_DIR, then
-# the figures and table of docs/rl.md (python -m scripts.report rl). Run from the repository root:
+# the figures and table of docs/results/rl.md (python -m scripts.report rl). Run from the repository root:
 #   bash scripts/rl_runs.sh OUT_DIR
 # About 5 minutes on an H200 (three ~25 s start-ups; ~0.15 s a step fast, ~0.6 s a step consistent).
 # PARALLEL=1 starts the three runs at once (the debug model leaves most of the GPU idle; tokens/s are then
