@@ -15,7 +15,7 @@ Per-tensor activation scaling (the DeepSeek-V3 all_linears recipe as written): e
 as in every NVFP4 stack, so the dense layers' activations are quantized differently and the weights drift apart
 as with any other quantization change (0.155 measured); the losses stay within what a different quantization
 noise explains: measured relative differences <= 4e-5 over 4 steps, asserted <= 1e-3 (on 2 H200s over 20 steps of
-the debug recipe: 5.3e-4, see docs/distributed.md).
+the debug recipe: 5.3e-4, see docs/results/parity.md).
 """
 
 import os
