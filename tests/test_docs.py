@@ -201,6 +201,56 @@ def test_the_readme_links_every_page_of_docs():
     assert not missing, f"README.md's docs index does not link {missing}"
 
 
+# Guides state the current design; what was measured when, at which commit, lives in docs/results/ (one page per
+# topic, headed by its date, commit, machine and command). Commits of other projects a guide cites as read:
+OTHER_PROJECT_COMMITS = {
+    "009bbb2a",  # TransformerEngine's grouped Hadamard cast fusion (docs/numerics.md, section 11)
+    "1498424b",  # TransformerEngine's reference_nvfp4.py (docs/numerics.md, section 11)
+    "41f6cbf1",  # TransformerEngine's nvfp4.rst (docs/numerics.md, section 11)
+}
+_HASH = re.compile(r"`([0-9a-f]{7,40})`|\b(?:at|commit|commits)\s+([0-9a-f]{7,40})\b")
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b(?:%s)\s+(?:\d{1,2},\s+)?20\d\d\b" % _MONTHS)
+_HISTORY = re.compile(r"tuning history|before/after", re.IGNORECASE)
+
+
+def guide_files() -> list[Path]:
+    """README.md and the pages directly under docs/ (docs/results/ holds the dated measurements)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def dated_in(text: str) -> list[str]:
+    """What in a guide's `text` belongs to a results page: a commit hash (7-40 hex digits with a digit and a letter,
+    in backticks or after 'at' / 'commit'), a date, a tuning history, as 'line N: kind `text`'."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in _HASH.finditer(line):
+            value = match.group(1) or match.group(2)
+            if re.search(r"\d", value) and re.search(r"[a-f]", value) and value not in OTHER_PROJECT_COMMITS:
+                found.append(f"line {number}: a commit `{match.group(0)}`")
+        found += [f"line {number}: a date `{m.group(0)}`" for m in _DATE.finditer(line)]
+        found += [f"line {number}: a history `{m.group(0)}`" for m in _HISTORY.finditer(line)]
+    return found
+
+
+def test_guides_hold_nothing_dated():
+    """Commit hashes, dates and tuning histories are a results page's header, not a guide's text."""
+    report = []
+    for page in guide_files():
+        report += [f"{page.relative_to(ROOT)}: {problem}" for problem in dated_in(_source(page))]
+    assert not report, "move these to a page of docs/results/ and link it:\n" + "\n".join(report)
+
+
+def test_the_dated_check_catches_what_it_should():
+    for line in ["table at commit `5f5b01d`", "package at 8596b1f, two calls", "commit 1e70012 and ce1826c",
+                 "Recorded 2026-12-04 on one H200", "in December 2026", "### Tuning history",
+                 "the before/after pair"]:
+        assert dated_in(line), line
+    for line in ["`0123456789`", "`16384x7168` in 0.138 ms", "seed 99999999999", "a deadline", "`e2m1_magic`",
+                 "at commit 1498424b (TransformerEngine)", "`deadbeef` is all letters"]:
+        assert dated_in(line) == [], line
+
+
 def test_the_check_catches_drift():
     """Each kind of stale name is found (the drift this test was written for included)."""
     page = ROOT / "docs" / "numerics.md"
