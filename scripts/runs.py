@@ -2,7 +2,7 @@
 
     python -m scripts.runs throughput --out OUT --run "LABEL=CONFIG [overrides]" ... [-- trainer overrides]
     python -m scripts.runs profile OUT CONFIG.toml ... [-- trainer overrides]
-    python -m scripts.runs perf OUT [kernels ops debug 30b profiles]     # docs/performance.md's table, then `table`
+    python -m scripts.runs perf OUT [kernels ops debug 30b profiles]     # docs/results/speed.md's table, then `table`
     python -m scripts.runs table OUT                                      # the table from what OUT holds
     python -m scripts.runs parity --global-batch 8 --out OUT -- --job.config_file CONFIG.toml ...
     python -m scripts.runs compile-parity OUT
@@ -422,7 +422,7 @@ def cmd_project(args, common):
     print("\n".join(lines))
 
 
-# --- perf and table: docs/performance.md's table in one sitting on one GPU -------------------------------------
+# --- perf and table: docs/results/speed.md's table in one sitting on one GPU ----------------------------------
 
 PERF_PARTS = ("kernels", "ops", "debug", "30b", "profiles")
 
@@ -591,7 +591,7 @@ def plot_table(bars: list, path: Path) -> None:
 
 
 def cmd_table(args, common):
-    """docs/performance.md's table from a `perf` output directory: each ratio against the bf16 twin measured in
+    """docs/results/speed.md's table from a `perf` output directory: each ratio against the bf16 twin measured in
     the same invocation; rows whose part was not run say so."""
     args.out.mkdir(parents=True, exist_ok=True)
     md, bars = build_table(args.out)
@@ -825,7 +825,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("out", type=Path)
     s.add_argument("configs", nargs="+")
     s.add_argument("--timeout", type=float, default=240, help="seconds per recipe")
-    s = add("perf", cmd_perf, "docs/performance.md's table in one sitting on one GPU")
+    s = add("perf", cmd_perf, "docs/results/speed.md's table in one sitting on one GPU")
     s.add_argument("out", type=Path)
     s.add_argument("parts", nargs="*", metavar="PART", help=f"parts to run, from {', '.join(PERF_PARTS)} (default all)")
     s.add_argument("--steps", type=int, default=30, help="steps of each debug-recipe training")
