@@ -181,3 +181,67 @@ def test_experts_cache_quantizes_once_per_step_and_matches(device, recipe):
                     p.grad = None
         invalidate_weight_caches(cached)
         assert cached.weight_cache.quantizations == 3 * (step + 1)  # w1, w2, w3 once per step
+
+
+def _fresh(m, x):
+    return four_over_six_linear(x, m.weight, m.bias, recipe=m.recipe)
+
+
+def test_linear_cache_follows_the_writes_of_an_ema_or_a_weight_sync():
+    """Issue 66 row 6: `p.data.copy_(new)` (and a fused optimizer's step) kept serving the old quantized weight
+    until invalidate_weight_caches; now every common write re-quantizes, and reads do not."""
+    torch.manual_seed(0)
+    m = FourOverSixLinear(64, 48, recipe=FourOverSixRecipe(), cache_weights=True)
+    x = torch.randn(8, 64)
+    m(x)
+    writes = [lambda w: w.data.copy_(torch.randn(48, 64)),  # a weight sync, an EMA swap
+              lambda w: w.data.lerp_(torch.randn(48, 64), 0.1),
+              lambda w: w.copy_(torch.randn(48, 64)),  # under no_grad
+              lambda w: w.lerp_(torch.randn(48, 64), 0.1),
+              lambda w: setattr(w, "data", torch.randn(48, 64))]
+    for n, write in enumerate(writes):
+        with torch.no_grad():
+            write(m.weight)
+        assert torch.equal(m(x), _fresh(m, x)), n
+        m(x)
+        assert m.weight_cache.quantizations == n + 2, n  # once per write, not per forward
+    kept = m.weight.data  # a tensor kept for later syncs: written after the cache read it
+    m(x)
+    kept.copy_(torch.randn(48, 64))
+    assert torch.equal(m(x), _fresh(m, x))
+    del kept
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)  # bumps no version counter
+    m(x).square().mean().backward()
+    opt.step()
+    assert torch.equal(m(x), _fresh(m, x))
+    assert isinstance(m.weight, nn.Parameter) and set(m.state_dict()) == {"weight", "bias"}
+
+
+def test_writes_through_data_stay_invisible_to_autograd_and_copies_work():
+    """The cache follows `.data` writes without bumping the parameter's version: autograd still lets them
+    happen between forward and backward, as for any nn.Parameter; copies and pickles hold plain values."""
+    torch.manual_seed(0)
+    m = FourOverSixLinear(64, 48, recipe=FourOverSixRecipe(), cache_weights=True)
+    x = torch.randn(8, 64)
+    y = m(x)
+    m.weight.data.mul_(1)
+    y.square().mean().backward()
+    assert m.weight.grad is not None
+    twin = copy.deepcopy(m)
+    twin.weight.data.copy_(torch.randn(48, 64))
+    assert torch.equal(twin(x), _fresh(twin, x)) and not torch.equal(twin.weight, m.weight)
+    assert torch.equal(m(x), _fresh(m, x))
+
+
+def test_experts_cache_follows_writes_through_data():
+    torch.manual_seed(0)
+    base = GroupedExperts(64, 32, 4, use_grouped_mm=True)
+    with torch.no_grad():
+        base.init_weights(0.1)
+    fresh, cached = (convert_experts(copy.deepcopy(base), FourOverSixRecipe(), cache_weights=c) for c in (0, 1))
+    x, counts = torch.randn(40, 64), torch.tensor([10, 0, 25, 5])
+    assert torch.equal(fresh(x, counts), cached(x, counts))
+    for m in (fresh, cached):
+        m.w2.data.copy_(base.w2 * 0.5)
+    assert torch.equal(fresh(x, counts), cached(x, counts))
+    assert cached.weight_cache.quantizations == 4

@@ -41,7 +41,7 @@ FourOverSixTrainingConfig = make_dataclass(
     namespace={"__post_init__": _post_init, "recipe": _recipe, "__module__": __name__,
                "__doc__": "The four-over-six recipe's knobs (FourOverSixRecipe's fields, names, values and "
                           "defaults), validated when the config is built, and cache_weights: quantize each weight "
-                          "once per optimizer step (call invalidate_weight_caches(model) after each step)."})
+                          "once per change (modules/weight_cache.py says which writes need invalidate_weight_caches)."})
 
 
 def quantizable_linear(module: nn.Module, fqn: str = "") -> bool:
