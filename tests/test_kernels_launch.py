@@ -45,6 +45,31 @@ def test_generated_key_separates_what_triton_specializes_on():
     assert key(0, (), 4, buf, 7, 3.0) == key(0, (), 4, buf, 7, 2.5)  # floats: by type only
 
 
+def test_kernel_arguments_travel_by_name():
+    """Every launcher's Args names each kernel parameter in signature order, none defaulted: a missing, misspelt or
+    extra argument is a TypeError where it is built, and a launcher refuses anything but its Args (no positional
+    tuple whose two arguments of one type could trade places). Pure Python: nothing is launched."""
+    import inspect
+
+    from titan_fp4six.kernels import amax, decode, epilogue, quantize
+    from titan_fp4six.kernels.launch import FastLaunch
+
+    launchers = [v for m in (amax, decode, epilogue, quantize) for v in vars(m).values() if isinstance(v, FastLaunch)]
+    assert len(launchers) == 8
+    for launcher in launchers:
+        assert launcher.Args._fields == tuple(inspect.signature(launcher.fn.fn).parameters)
+        assert launcher.Args._field_defaults == {}
+    q = quantize._QUANTIZE
+    assert len(q.Args._fields) == 37 and q.Args._fields[:2] == ("x_ptr", "amax_ptr")
+    full = dict.fromkeys(q.Args._fields, 0)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'TOKEN_BLOCKS'"):
+        q.Args(**{k: v for k, v in full.items() if k != "TOKEN_BLOCKS"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'x'"):
+        q.Args(x=0, **full)
+    with pytest.raises(TypeError, match=r"_quantize_kernel takes its arguments as quantize_kernel_args\(name=value"):
+        q((1, ), tuple(full.values()))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fast_launch_keys_every_specialization_and_matches_triton_cuda():
@@ -69,8 +94,8 @@ def test_fast_launch_keys_every_specialization_and_matches_triton_cuda():
     for _ in range(2):  # the second round runs every case through the compiled launcher
         for x, n, b, scale in cases:
             out, want = torch.full_like(x, -1.0), torch.full_like(x, -1.0)
-            launch((triton.cdiv(n, 128), ), x, out, n, b, scale)
+            launch((triton.cdiv(n, 128), ), launch.Args(x_ptr=x, out_ptr=out, n=n, b=b, SCALE=scale))
             _axpb[(triton.cdiv(n, 128), )](x, want, n, b, scale)
             assert torch.equal(out, want), (x.dtype, n, b, scale, x.data_ptr() % 16)
             assert torch.allclose(out.float(), x.float() * scale + b, rtol=1e-2), (x.dtype, n, b, scale)
-    assert len(launch._compiled) > 8  # distinct specializations were kept apart
+    assert len(launch._compiled) > 8 if launch._direct else not launch._compiled  # specializations kept apart

@@ -96,8 +96,9 @@ def _tensor_amax_into(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor | None
     programs = x_programs + cdiv(m, TENSOR_BLOCK)
     if programs:
         flat = x.reshape(-1)
-        _TENSOR_AMAX((programs, ), flat, flat if y is None else y.reshape(-1), out, n, m, x_programs, TENSOR_BLOCK,
-                     num_warps=8)
+        _TENSOR_AMAX((programs, ), _TENSOR_AMAX.Args(
+            x_ptr=flat, y_ptr=flat if y is None else y.reshape(-1), out_ptr=out, n=n, m=m, x_programs=x_programs,
+            BLOCK=TENSOR_BLOCK), num_warps=8)
 
 
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +111,8 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
 def _row_amax_into(out: torch.Tensor, x: torch.Tensor) -> None:
     """max |x| of each of the R rows of x as FP32 bits into int32 out[:R]; every row is stored (no fill)."""
     rows, cols = x.shape
-    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), x, out, rows, cols, x.stride(0), ROW_BLOCK_ROWS, ROW_BLOCK_COLS,
-              num_warps=4)
+    _ROW_AMAX((cdiv(rows, ROW_BLOCK_ROWS), ), _ROW_AMAX.Args(
+        x_ptr=x, out_ptr=out, R=rows, C=cols, stride=x.stride(0), BR=ROW_BLOCK_ROWS, BC=ROW_BLOCK_COLS), num_warps=4)
 
 
 def row_amax(x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +139,10 @@ def token_groups(x: torch.Tensor, offs: torch.Tensor,
         out = torch.empty(rows, dtype=torch.int32, device=x.device)
     else:
         out = torch.zeros(experts, dtype=torch.int32, device=x.device)
-    _TOKEN_GROUPS((max(cdiv(rows, ROW_BLOCK_ROWS), 1), ), x, offs, group, empty, out, rows, cols, x.stride(0), experts,
-                  ROW_BLOCK_ROWS, ROW_BLOCK_COLS, 1 << (experts - 1).bit_length(), per_row, num_warps=4)
+    _TOKEN_GROUPS((max(cdiv(rows, ROW_BLOCK_ROWS), 1), ), _TOKEN_GROUPS.Args(
+        x_ptr=x, offs_ptr=offs, group_ptr=group, empty_ptr=empty, out_ptr=out, R=rows, C=cols, stride=x.stride(0),
+        E=experts, BR=ROW_BLOCK_ROWS, BC=ROW_BLOCK_COLS, EP=1 << (experts - 1).bit_length(), PER_ROW=per_row),
+        num_warps=4)
     return out.view(torch.float32), group, empty
 
 

@@ -90,10 +90,11 @@ def _decode(codes, scales, amax, scale_bound, dtype, groups=None):
         factor = amax is not None
         amax = amax if factor else scales  # no global factor: any tensor for the unused pointers
         layout = AmaxLayout.of(amax, rows, groups)
-        _DECODE(grid, codes, scales.view(torch.uint8), amax, layout.group_ptr, out, rows, nblk, layout.amax_div,
-                layout.n_groups, factor, layout.groups, layout.by_group,
-                f32_reciprocal(6.0 * scale_bound), OUT_KIND[dtype], BLOCK_ROWS, BLOCK_BLOCKS, num_warps=WARPS,
-                **COMPILE_OPTIONS)
+        _DECODE(grid, _DECODE.Args(
+            codes_ptr=codes, scales_ptr=scales.view(torch.uint8), amax_ptr=amax, group_ptr=layout.group_ptr,
+            out_ptr=out, R=rows, NBLK=nblk, amax_div=layout.amax_div, n_groups=layout.n_groups, GLOBAL=factor,
+            GROUPS=layout.groups, BY_GROUP=layout.by_group, R6B=f32_reciprocal(6.0 * scale_bound),
+            OUT=OUT_KIND[dtype], BR=BLOCK_ROWS, NB=BLOCK_BLOCKS), num_warps=WARPS, **COMPILE_OPTIONS)
     return out
 
 

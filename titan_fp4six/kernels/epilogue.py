@@ -124,10 +124,11 @@ def _launch(acc, a_amax, a_mode, b_amax, group_of_row, a_bound, b_bound, dtype):
     check_grid_y(grid, f"a product of shape {(m, n)}")
     if m and n:
         grouped = group_of_row is not None
-        _SCALE_CAST(grid, acc, a_amax, b_amax, group_of_row if grouped else a_amax, out, m, n,
-                    b_amax.numel() if grouped else 1, a_mode, grouped, f32_reciprocal(6.0 * a_bound),
-                    f32_reciprocal(6.0 * b_bound), OUT_KIND[dtype], BLOCK_ROWS, BLOCK_COLS, num_warps=WARPS,
-                    **COMPILE_OPTIONS)
+        _SCALE_CAST(grid, _SCALE_CAST.Args(
+            acc_ptr=acc, a_amax_ptr=a_amax, b_amax_ptr=b_amax, group_ptr=group_of_row if grouped else a_amax,
+            out_ptr=out, M=m, N=n, experts=b_amax.numel() if grouped else 1, A_MODE=a_mode, GROUPED=grouped,
+            A_R6B=f32_reciprocal(6.0 * a_bound), B_R6B=f32_reciprocal(6.0 * b_bound), OUT=OUT_KIND[dtype],
+            BM=BLOCK_ROWS, BN=BLOCK_COLS), num_warps=WARPS, **COMPILE_OPTIONS)
     return out
 
 
@@ -155,9 +156,11 @@ def grouped_wgrad_scale_cast(prod, a_amax, a_bound: int, b_amax, b_bound: int, e
     check_grid_y(grid, f"a product of shape {tuple(prod.shape)}")
     if prod.numel():
         bf16 = prod.dtype == torch.bfloat16
-        _WGRAD_SCALE_CAST(grid, prod.view(torch.int16) if bf16 else prod, a_amax, b_amax, empty_groups, out, r, n,
-                          int(b_amax.dim() == 2), f32_reciprocal(6.0 * a_bound), f32_reciprocal(6.0 * b_bound),
-                          OUT_KIND[dtype], bf16, rows_per_program, BLOCK_COLS, num_warps=WARPS, **COMPILE_OPTIONS)
+        _WGRAD_SCALE_CAST(grid, _WGRAD_SCALE_CAST.Args(
+            prod_ptr=prod.view(torch.int16) if bf16 else prod, a_amax_ptr=a_amax, b_amax_ptr=b_amax,
+            empty_ptr=empty_groups, out_ptr=out, rows_per_group=r, N=n, b_col_step=int(b_amax.dim() == 2),
+            A_R6B=f32_reciprocal(6.0 * a_bound), B_R6B=f32_reciprocal(6.0 * b_bound), OUT=OUT_KIND[dtype],
+            BF16_BITS=bf16, BM=rows_per_program, BN=BLOCK_COLS), num_warps=WARPS, **COMPILE_OPTIONS)
     return out
 
 
@@ -171,6 +174,6 @@ def zero_rows(x, flag, limit: int):
     grid = (cdiv(rows, ZERO_BLOCK_ROWS), cdiv(cols, ZERO_BLOCK_COLS))
     check_grid_y(grid, f"a tensor of shape {tuple(x.shape)}")
     if x.numel():
-        _ZERO_ROWS(grid, x, flag, rows, cols, limit, ZERO_BLOCK_ROWS, ZERO_BLOCK_COLS, num_warps=WARPS,
-                   **COMPILE_OPTIONS)
+        _ZERO_ROWS(grid, _ZERO_ROWS.Args(x_ptr=x, flag_ptr=flag, rows=rows, cols=cols, limit=limit,
+                                         BR=ZERO_BLOCK_ROWS, BC=ZERO_BLOCK_COLS), num_warps=WARPS, **COMPILE_OPTIONS)
     return x

@@ -9,12 +9,24 @@ and launches as usual) and keeps the compiled kernel Triton returns; later calls
 call that kernel's launcher with the same arguments, as Triton's own launch path does. The specialization key
 is at least as fine as Triton's: constexpr values, each tensor's dtype and 16-byte alignment, each integer's
 width (and, unless the kernel says do_not_specialize, whether it is 1 or a multiple of 16), the launch options
-and the device. Under the Triton interpreter, or while launch hooks are installed (profilers such as proton),
-every call takes Triton's own path.
+and the device. Under the Triton interpreter, while launch hooks are installed (profilers such as proton), or
+on a Triton release whose compiled-launcher interface the GPU suite has not run on (DIRECT_TRITON), every call
+takes Triton's own path: the same kernels and bytes, only the host time differs.
+
+Arguments travel by name: `launcher.Args(x_ptr=..., ...)` is a named tuple of every kernel parameter in signature
+order (constexprs and defaulted ones included), so a misspelt, missing or extra argument is a TypeError where it
+is built and two arguments cannot trade places by position; the launcher takes nothing else.
 """
 
-import torch
+import collections
+import inspect
 
+import torch
+import triton
+
+DIRECT_TRITON = ("3.6.",)
+"""Triton releases whose compiled launcher (CompiledKernel.run, packed_metadata) the GPU suite ran the direct
+path on; pyproject pins triton to the releases the suites ran on at all."""
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 COMPILE_OPTIONS = {"enable_fp_fusion": False}  # the spec rounds each operation: no contraction of a*b + c into an FMA
 
@@ -82,19 +94,25 @@ def _key_function(kinds):
 
 
 class FastLaunch:
-    """`FastLaunch(jit_fn)(grid, *args, **options)` == `jit_fn[grid](*args, **options)` with every parameter
-    passed positionally in the kernel's signature order (constexprs included)."""
+    """`launcher = FastLaunch(jit_fn)`; `launcher(grid, launcher.Args(name=value, ...), **options)` ==
+    `jit_fn[grid](name=value, ..., **options)`, every parameter named (constexprs included)."""
 
     def __init__(self, fn):
         self.fn = fn
+        names = tuple(inspect.signature(fn.fn).parameters)  # fn.fn: the Python function, compiled or interpreted
+        self.Args = collections.namedtuple(f"{fn.fn.__name__.strip('_')}_args", names)
         params = getattr(fn, "params", None)  # None under the interpreter (an InterpretedFunction)
         self._kinds = None if params is None else tuple(
             "constexpr" if p.is_constexpr else ("int" if p.do_not_specialize else "int_specialized") for p in params)
         self._key = None if params is None else _key_function(self._kinds)
         self._compiled = {}
+        self._direct = triton.__version__.startswith(DIRECT_TRITON)
 
-    def __call__(self, grid, *args, **options):
-        if self._kinds is None or len(args) != len(self._kinds) or _hooks_installed():
+    def __call__(self, grid, args, **options):
+        if type(args) is not self.Args:
+            raise TypeError(f"{self.fn.fn.__name__} takes its arguments as {self.Args.__name__}(name=value, ...) "
+                            f"(FastLaunch.Args), got {type(args).__name__}")
+        if self._kinds is None or not self._direct or _hooks_installed():
             self.fn[grid](*args, **options)
             return
         key = self._key(torch._C._cuda_getDevice(), tuple(options.items()), *args)  # current_device() sans lazy init

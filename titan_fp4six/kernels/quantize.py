@@ -540,16 +540,19 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
         else:
             layout = AmaxLayout(scales, 1, 0, False, False)
             blocks, n_groups, amax_cols = token_blocks, amax.shape[0], int(amax.dim() == 2)
-        _QUANTIZE((row_groups, chunk_cols // chunks), x, amax, layout.group_ptr, blocks, codes, scales, map4_out,
-                  scales if dec is None else dec, rows, nblk, row_words, layout.amax_div, n_groups, amax_cols,
-                  chunks, x.shape[0], seed if flags.stochastic else 0, _INPUT_KIND[x.dtype], flags.four_six,
-                  flags.tile16,
-                  flags.mse, flags.six_b, flags.r6b,
-                  decode, _vector_loads(x, transposed, row_words, launch), x.is_cuda,
-                  flags.four_six and flags.tile16 and amax.dim() == 0, launch.rows, launch.blocks, transposed,
-                  flags.map6_only, check_amax, layout.groups, layout.by_group, map4_mode, flags.stochastic,
-                  token_blocks is not None, num_warps=launch.warps,
-                  maxnreg=launch.max_registers, **COMPILE_OPTIONS, **(CHECK_OPTIONS if check_amax else {}))
+        _QUANTIZE((row_groups, chunk_cols // chunks), _QUANTIZE.Args(
+            x_ptr=x, amax_ptr=amax, group_ptr=layout.group_ptr, blocks_ptr=blocks, codes_ptr=codes, scales_ptr=scales,
+            map4_ptr=map4_out, dec_ptr=scales if dec is None else dec, R=rows, NBLK=nblk, row_words=row_words,
+            amax_div=layout.amax_div, n_groups=n_groups, amax_cols=amax_cols, CHUNKS=chunks, M=x.shape[0],
+            seed=seed if flags.stochastic else 0, KIND=_INPUT_KIND[x.dtype], FOUR_SIX=flags.four_six,
+            TILE16=flags.tile16, MSE=flags.mse, SIX_B=flags.six_b, R6B=flags.r6b, WRITE_DEC=decode,
+            VEC=_vector_loads(x, transposed, row_words, launch), PTX=x.is_cuda,
+            SCALAR_AMAX=flags.four_six and flags.tile16 and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
+            TRANSPOSED=transposed, MAP6_ONLY=flags.map6_only, CHECK_AMAX=check_amax, GROUPS=layout.groups,
+            BY_GROUP=layout.by_group, MAP4=map4_mode, STOCHASTIC=flags.stochastic,
+            TOKEN_BLOCKS=token_blocks is not None),
+            num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS,
+            **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
 
 
