@@ -73,10 +73,10 @@ def test_numerics_imports_nothing_above_it(path):
 
 
 def test_only_the_quant_backends_name_the_kernels():
-    """The kernels are imported in one place (quant.backends.kernel_module) and chosen in one (quant.primitives.pick)."""
+    """The kernels are imported in one place (quant.backends.kernels) and chosen in one (quant.primitives.pick)."""
     users = {p.relative_to(PACKAGE) for p in MODULES if any(t[0] == "kernels" for t in _imports(p))}
     assert {u for u in users if u.parts[0] != "kernels"} == {Path("quant/backends.py")}, users
-    pickers = {p.relative_to(PACKAGE) for p in MODULES if "kernel_module(" in p.read_text()}
+    pickers = {p.relative_to(PACKAGE) for p in MODULES if "kernels()" in p.read_text()}
     assert pickers == {Path("quant/backends.py"), Path("quant/primitives.py")}, pickers
 
 

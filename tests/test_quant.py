@@ -159,6 +159,23 @@ def _pick_all(primitives, table, quantizer, x) -> list[str]:
     return [primitives.pick(p, quantizer, x)(x) for p in table]
 
 
+def test_every_primitive_row_names_a_kernel_and_its_predicate():
+    """Each Primitive row's functions of the kernel modules resolve (on the CPU too, where no kernel runs): a
+    misspelt kernel shows here, not on the first GPU call."""
+    pytest.importorskip("triton")
+    from titan_fp4six.quant import amax, epilogue, quantize
+    from titan_fp4six.quant.backends import kernels
+    from titan_fp4six.quant.primitives import Primitive
+
+    k = kernels()
+    rows = [v for m in (amax, epilogue, quantize) for v in vars(m).values() if isinstance(v, Primitive)]
+    assert len(rows) == 16
+    for row in rows:
+        kernel, eligible = row.kernel(k), row.eligible(k)
+        assert callable(kernel) and kernel.__module__.startswith("titan_fp4six.kernels."), row.name
+        assert eligible.__name__.startswith("eligible") and eligible.__module__ == kernel.__module__, row.name
+
+
 def test_pick_owns_the_choice_of_kernel_or_reference(monkeypatch):
     """primitives.pick: the reference for quantizer='reference' and while torch.compile traces; with 'auto' the
     kernel where both predicates take the inputs, else the reference; with 'triton' an error there, except for a
@@ -168,11 +185,12 @@ def test_pick_owns_the_choice_of_kernel_or_reference(monkeypatch):
     from titan_fp4six.quant import primitives
 
     taken = {"x": True}
-    fake = SimpleNamespace(eligible=lambda x: taken["x"], run=lambda x: "kernel")
-    monkeypatch.setattr(primitives, "kernel_module", lambda name: fake)
+    fake = SimpleNamespace(fake=SimpleNamespace(eligible=lambda x: taken["x"], run=lambda x: "kernel"))
+    monkeypatch.setattr(primitives, "kernels", lambda: fake)
     reference = lambda x: "reference"  # noqa: E731
-    strict = primitives.Primitive("fake", "fake", "run", reference)
-    lenient = primitives.Primitive("fake", "fake", "run", reference, takes=lambda x: x.numel() > 0, strict=False)
+    kernel, eligible = (lambda k: k.fake.run), (lambda k: k.fake.eligible)
+    strict = primitives.Primitive("fake", reference, kernel, eligible)
+    lenient = primitives.Primitive("fake", reference, kernel, eligible, takes=lambda x: x.numel() > 0, strict=False)
     x = torch.ones(2)
     assert _pick_all(primitives, (strict, lenient), "auto", x) == ["kernel", "kernel"]
     assert _pick_all(primitives, (strict, lenient), "reference", x) == ["reference", "reference"]

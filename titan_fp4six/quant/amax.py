@@ -48,13 +48,15 @@ def _rows_taken(x: torch.Tensor) -> bool:
 
 
 # Exact reductions: where a kernel skips a layout the reference gives the same values (strict=False).
-TENSOR_AMAX = Primitive("tensor amax", "amax", "tensor_amax", tensor_amax_reference,
+TENSOR_AMAX = Primitive("tensor amax", tensor_amax_reference, lambda k: k.amax.tensor_amax, lambda k: k.amax.eligible,
                         takes=lambda x: x.numel() > 0 and x.is_contiguous(), strict=False)
-DENSE_AMAXES = Primitive("dense amaxes", "amax", "dense_amaxes", _dense_amaxes_reference,
-                         takes=lambda x, w: x.is_contiguous() and w.is_contiguous(), strict=False)
-ROW_AMAX = Primitive("row amax", "amax", "row_amax", row_amax_reference, takes=_rows_taken, strict=False)
-TOKEN_GROUPS = Primitive("token groups", "amax", "token_groups", _token_groups_reference, takes=_rows_taken,
+DENSE_AMAXES = Primitive("dense amaxes", _dense_amaxes_reference, lambda k: k.amax.dense_amaxes,
+                         lambda k: k.amax.eligible, takes=lambda x, w: x.is_contiguous() and w.is_contiguous(),
                          strict=False)
+ROW_AMAX = Primitive("row amax", row_amax_reference, lambda k: k.amax.row_amax, lambda k: k.amax.eligible,
+                     takes=_rows_taken, strict=False)
+TOKEN_GROUPS = Primitive("token groups", _token_groups_reference, lambda k: k.amax.token_groups,
+                         lambda k: k.amax.eligible, takes=_rows_taken, strict=False)
 
 
 def run_tensor_amax(x: torch.Tensor, quantizer: str) -> torch.Tensor:

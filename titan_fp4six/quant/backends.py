@@ -5,13 +5,14 @@ GEMM implementation (GEMMS: real NVFP4 GEMMs on Blackwell or the emulation) are 
 variables QUANTIZER_ENV and EMULATE_ENV override them for the whole process (A/B runs without editing a
 recipe). resolve_backends (through environment_overrides) is the package's only environment read;
 backends_for stores its answer per knobs and device, so the per-call path reads no environment and re-checks
-no knob. This module is the only place that imports titan_fp4six.kernels; it does so lazily (kernel_module), so
+no knob. This module is the only place that imports titan_fp4six.kernels; it does so lazily (kernels()), so
 CPU-only code never loads Triton. Which kernel runs on which input is primitives.pick's choice.
 """
 
 import functools
 import logging
 import os
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -22,7 +23,6 @@ GEMMS = ("auto", "emulated", "fp4")
 QUANTIZER_ENV = "TITAN_FP4SIX_QUANTIZER"
 EMULATE_ENV = "TITAN_FP4SIX_EMULATE"
 EMULATE_VALUES = ("1", "0", "")
-KERNEL_MODULES = ("quantize", "amax", "decode", "epilogue", "hadamard")
 
 _log = logging.getLogger(__name__)
 
@@ -93,13 +93,12 @@ def _kernels_or_reference(strict: bool, device: torch.device) -> str:
             raise ValueError(f"quantizer='triton' needs CUDA tensors, got x on {device}; use quantizer='auto' or "
                              "'reference'")
         return "reference"
-    for name in KERNEL_MODULES:
-        module = kernel_module(name)
-        if isinstance(module, ImportError):
-            if strict:
-                raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({module})")
-            _log.debug("reference path (Triton kernels unavailable: %s)", module)
-            return "reference"
+    loaded = kernels()
+    if isinstance(loaded, ImportError):
+        if strict:
+            raise RuntimeError(f"quantizer='triton': the Triton kernels cannot be imported ({loaded})")
+        _log.debug("reference path (Triton kernels unavailable: %s)", loaded)
+        return "reference"
     return "triton" if strict else "auto"
 
 
@@ -107,20 +106,21 @@ backends_for = functools.cache(resolve_backends)
 """resolve_backends, stored per (quantizer, gemm, device): what every call after a device's first reads."""
 
 
+class Kernels(NamedTuple):
+    """The kernel modules (titan_fp4six.kernels), which a primitives.Primitive row reads its kernel from."""
+
+    quantize: ModuleType
+    amax: ModuleType
+    decode: ModuleType
+    epilogue: ModuleType
+    hadamard: ModuleType
+
+
 @functools.cache
-def kernel_module(name: str):
-    """The kernels module `name` (KERNEL_MODULES), or the ImportError that says why not (cached either way)."""
+def kernels() -> Kernels | ImportError:
+    """The kernel modules, imported on the first call, or the ImportError that says why not (cached either way)."""
     try:
-        if name == "quantize":
-            from ..kernels import quantize as module
-        elif name == "decode":
-            from ..kernels import decode as module
-        elif name == "epilogue":
-            from ..kernels import epilogue as module
-        elif name == "hadamard":
-            from ..kernels import hadamard as module
-        else:
-            from ..kernels import amax as module
+        from ..kernels import amax, decode, epilogue, hadamard, quantize
     except ImportError as exc:
         return exc
-    return module
+    return Kernels(quantize, amax, decode, epilogue, hadamard)

@@ -12,8 +12,10 @@ from ..numerics.reference import (grouped_scale_cast_reference, grouped_wgrad_sc
                                   scale_cast_reference, zero_rows_reference)
 from .primitives import Primitive
 
-SCALE_CAST = Primitive("epilogue", "epilogue", "scale_cast", scale_cast_reference)
-GROUPED_SCALE_CAST = Primitive("grouped epilogue", "epilogue", "grouped_scale_cast", grouped_scale_cast_reference)
-GROUPED_WGRAD_SCALE_CAST = Primitive("grouped wgrad epilogue", "epilogue", "grouped_wgrad_scale_cast",
-                                     grouped_wgrad_scale_cast_reference)
-ZERO_ROWS = Primitive("row zeroing", "epilogue", "zero_rows", zero_rows_reference, strict=False)
+SCALE_CAST = Primitive("epilogue", scale_cast_reference, lambda k: k.epilogue.scale_cast, lambda k: k.epilogue.eligible)
+GROUPED_SCALE_CAST = Primitive("grouped epilogue", grouped_scale_cast_reference,
+                               lambda k: k.epilogue.grouped_scale_cast, lambda k: k.epilogue.eligible)
+GROUPED_WGRAD_SCALE_CAST = Primitive("grouped wgrad epilogue", grouped_wgrad_scale_cast_reference,
+                                     lambda k: k.epilogue.grouped_wgrad_scale_cast, lambda k: k.epilogue.eligible)
+ZERO_ROWS = Primitive("row zeroing", zero_rows_reference, lambda k: k.epilogue.zero_rows, lambda k: k.epilogue.eligible,
+                      strict=False)

@@ -85,18 +85,22 @@ def _rht16_token_blocks_amax_reference(x, blocks: TokenBlocks):
                            token_groups_amax_reference(laid, blocks.ends)))
 
 
-QUANTIZE = Primitive("quantize", "quantize", "quantize", _quantize_reference)
-QUANTIZE_COLUMNWISE = Primitive("columnwise quantize", "quantize", "quantize_columnwise", _columnwise_reference,
-                                eligible="eligible_columnwise")
-QUANTIZE_TOKEN_BLOCKS = Primitive("token-block quantize", "quantize", "quantize_token_blocks",
-                                  _token_blocks_reference, eligible="eligible_columnwise")
-RHT16_COLUMNS = Primitive("RHT", "hadamard", "rht16_columns", rht16_columns_reference)
-RHT16_COLUMNS_AMAX = Primitive("RHT with amaxes", "hadamard", "rht16_columns_amax", _rht16_columns_amax_reference)
-RHT16_TOKEN_BLOCKS_AMAX = Primitive("token-block RHT with amaxes", "hadamard", "rht16_token_blocks_amax",
-                                    _rht16_token_blocks_amax_reference)
-DECODE = Primitive("decode", "decode", "decode_block_scaled",
-                   lambda codes, scales: reference.decode_block_scaled_reference(codes, scales, torch.bfloat16))
-DEQUANTIZE = Primitive("dequantize", "decode", "nvfp4_dequantize", _dequantize_reference)
+QUANTIZE = Primitive("quantize", _quantize_reference, lambda k: k.quantize.quantize, lambda k: k.quantize.eligible)
+QUANTIZE_COLUMNWISE = Primitive("columnwise quantize", _columnwise_reference, lambda k: k.quantize.quantize_columnwise,
+                                lambda k: k.quantize.eligible_columnwise)
+QUANTIZE_TOKEN_BLOCKS = Primitive("token-block quantize", _token_blocks_reference,
+                                  lambda k: k.quantize.quantize_token_blocks, lambda k: k.quantize.eligible_columnwise)
+RHT16_COLUMNS = Primitive("RHT", rht16_columns_reference, lambda k: k.hadamard.rht16_columns,
+                          lambda k: k.hadamard.eligible)
+RHT16_COLUMNS_AMAX = Primitive("RHT with amaxes", _rht16_columns_amax_reference,
+                               lambda k: k.hadamard.rht16_columns_amax, lambda k: k.hadamard.eligible)
+RHT16_TOKEN_BLOCKS_AMAX = Primitive("token-block RHT with amaxes", _rht16_token_blocks_amax_reference,
+                                    lambda k: k.hadamard.rht16_token_blocks_amax, lambda k: k.hadamard.eligible)
+DECODE = Primitive("decode",
+                   lambda codes, scales: reference.decode_block_scaled_reference(codes, scales, torch.bfloat16),
+                   lambda k: k.decode.decode_block_scaled, lambda k: k.decode.eligible)
+DEQUANTIZE = Primitive("dequantize", _dequantize_reference, lambda k: k.decode.nvfp4_dequantize,
+                       lambda k: k.decode.eligible)
 
 
 def run_quantize(x: torch.Tensor, amax: torch.Tensor, spec: OperandSpec, quantizer: str, decode: bool,
