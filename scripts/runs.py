@@ -605,7 +605,7 @@ def cmd_table(args, common):
 
 # --- parity: one recipe on 1 and on N processes, same global batch and initial weights -------------------------
 
-PARITY_IMPORT = "titan_fp4six.integration.parity"
+PARITY_IMPORT = "scripts.parity_batches"  # run from the repository root (launch's cwd)
 
 
 def launch(nproc: int, args: list[str], dump: Path, *, env: dict | None = None, timeout: float = 600) -> str:

@@ -1,11 +1,11 @@
-"""titan_fp4six.integration.parity: every DP rank trains on its rows of the one-rank global batch."""
+"""scripts.parity_batches: every DP rank trains on its rows of the one-rank global batch."""
 
 import torch
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.config.manager import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
-from titan_fp4six.integration import parity
+from scripts import parity_batches
 from titan_fp4six.integration.data import DATASET, EMBEDDED_DIR, register
 
 
@@ -33,7 +33,7 @@ def _ids(rows):
 
 def test_ranks_get_their_rows_of_each_global_batch():
     local, world = 3, 2
-    per_rank = [_ids(parity.GlobalBatchRows(_Numbers(24), local, r, world)) for r in range(world)]
+    per_rank = [_ids(parity_batches.GlobalBatchRows(_Numbers(24), local, r, world)) for r in range(world)]
     assert per_rank[0] == [0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19, 20]
     for step in range(4):  # global batch `step` = rank 0's rows then rank 1's = what one rank with 6 rows reads
         together = sum((ids[step * local:(step + 1) * local] for ids in per_rank), [])
@@ -41,11 +41,11 @@ def test_ranks_get_their_rows_of_each_global_batch():
 
 
 def test_state_after_a_batch_is_the_next_global_batch():
-    rows = parity.GlobalBatchRows(_Numbers(24), 2, 1, 2)
+    rows = parity_batches.GlobalBatchRows(_Numbers(24), 2, 1, 2)
     it = iter(rows)
     assert [int(next(it)[0]["input"]) for _ in range(2)] == [2, 3]
     state = rows.state_dict()
-    resumed = parity.GlobalBatchRows(_Numbers(24), 2, 1, 2)
+    resumed = parity_batches.GlobalBatchRows(_Numbers(24), 2, 1, 2)
     resumed.load_state_dict(state)
     assert _ids(resumed)[:2] == [6, 7]
 
@@ -57,9 +57,10 @@ def _job(local_batch):
 
 def test_registered_for_the_moe_models_and_batches_the_embedded_corpus():
     for name in ("deepseek_v3", "qwen3"):
-        assert get_train_spec(name).build_dataloader_fn is parity.build_global_batch_dataloader
+        assert get_train_spec(name).build_dataloader_fn is parity_batches.build_global_batch_dataloader
     register()  # the embedded corpus, as the plugin's config module and launcher register it
     tokenizer = HuggingFaceTokenizer(str(EMBEDDED_DIR))
-    one = next(iter(parity.build_global_batch_dataloader(1, 0, tokenizer, _job(4))))[0]["input"]
-    halves = [next(iter(parity.build_global_batch_dataloader(2, r, tokenizer, _job(2))))[0]["input"] for r in (0, 1)]
+    one = next(iter(parity_batches.build_global_batch_dataloader(1, 0, tokenizer, _job(4))))[0]["input"]
+    halves = [next(iter(parity_batches.build_global_batch_dataloader(2, r, tokenizer, _job(2))))[0]["input"]
+              for r in (0, 1)]
     assert one.shape == (4, 32) and torch.equal(torch.cat(halves), one)

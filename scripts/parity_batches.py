@@ -2,11 +2,13 @@
 
 Why: torchtitan's text dataloader gives each data-parallel rank its own contiguous shard of the documents, so a
 run on 2 ranks trains on different tokens than a run on 1 rank, and their losses can only be compared loosely.
-With `--experimental.custom_import titan_fp4six.integration.parity`, every rank instead reads the one-rank token
+With `--experimental.custom_import scripts.parity_batches`, every rank instead reads the one-rank token
 stream, cuts it into global batches of `local_batch_size * dp_degree` sequences and keeps its own rows: rank r of
 N gets rows [r*B, (r+1)*B) of the batch a single rank with local_batch_size = N*B would see. The losses of the
 two runs then differ only by what the parallelism itself changes (reduction order, per-rank amaxes).
-Opt-in and for parity checks only: importing the module swaps the dataloader of the models in `MODELS`.
+Opt-in and for parity checks only: importing the module swaps the dataloader of the models in `MODELS`. A lab tool,
+not the package's: torchtitan imports it by name (importlib.import_module), so the training runs from the
+repository root, where `scripts` is a package (`python -m scripts.runs parity` launches it there).
 """
 
 import dataclasses
