@@ -259,3 +259,50 @@ def test_a_folder_with_a_missing_short_or_non_finite_quantized_tensor_is_refused
         vllm.LLM(model=str(folder), dtype="float32", max_model_len=64, max_num_seqs=4, enforce_eager=True,
                  enable_prefix_caching=False, kv_cache_memory_bytes=1 << 26, seed=0)
     assert isinstance(caught.value, ValueError) or isinstance(caught.value.__cause__, ValueError), caught.value
+
+
+def _damaged_copy(out, folder, damage):
+    """A copy of the export `out` in `folder` whose model.safetensors `damage(tensors)` edited in place."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(out, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    damage(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _as_bf16(tensors, module):
+    """`module`'s quantized tensors replaced by a plain bf16 weight (its decode), as a bf16 export holds it."""
+    codes, scales = tensors.pop(f"{module}.weight"), tensors.pop(f"{module}.weight_scale")
+    factor = tensors.pop(f"{module}.weight_scale_2")
+    tensors.pop(f"{module}.input_scale", None)
+    tensors[f"{module}.weight"] = (decode_block_scaled_reference(codes, scales) * factor).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda t: [_as_bf16(t, f"model.layers.0.self_attn.{p}_proj") for p in "qkv"],
+     r"four_over_six: model\.layers\.0\.self_attn\.qkv_proj\.weight: config\.json's quantization_config lists "
+     r"model\.layers\.0\.self_attn\.[qkv]_proj as quantized, so its weight in the checkpoint should be "
+     r"torch\.uint8 codes of shape \((\d+), 32\), but the checkpoint holds torch\.bfloat16 of shape \(\1, 64\) "
+     r"\(an unquantized weight"),
+    (lambda t: t.update({k: t[k][:, :2].contiguous()}) if (k := "model.layers.1.self_attn.o_proj.weight_scale") else 0,
+     r"four_over_six: model\.layers\.1\.self_attn\.o_proj\.weight_scale: the checkpoint's weight_scale of "
+     r"model\.layers\.1\.self_attn\.o_proj has shape \(64, 2\), expected \(64, 8\) \(a 64x128 weight's block "
+     r"scales\)"),
+    (lambda t: _as_bf16(t, "model.layers.1.mlp.experts.2.gate_proj"),
+     r"four_over_six: model\.layers\.1\.mlp\.experts\.w13_weight: config\.json's quantization_config lists "
+     r"model\.layers\.1\.mlp\.experts's expert 2 \(w1\) as quantized, so its weight in the checkpoint should be "
+     r"torch\.uint8 codes of shape \((\d+), 32\), but the checkpoint holds torch\.bfloat16 of shape \(\1, 64\)"),
+], ids=["bf16-qkv", "short-o_proj-scale", "bf16-expert"])
+def test_bf16_weights_listed_as_quantized_or_a_short_scale_name_the_layer(exported, tmp_path, damage, match):
+    """Issue 66 row 18: both ended in a bare AssertionError from vLLM's loader, naming no layer."""
+    import vllm
+
+    folder = _damaged_copy(exported[2], tmp_path / "hf", damage)
+    with pytest.raises(Exception, match=match) as caught:
+        vllm.LLM(model=str(folder), dtype="float32", max_model_len=64, max_num_seqs=4, enforce_eager=True,
+                 enable_prefix_caching=False, kv_cache_memory_bytes=1 << 26, seed=0)
+    assert isinstance(caught.value, ValueError) or isinstance(caught.value.__cause__, ValueError), caught.value

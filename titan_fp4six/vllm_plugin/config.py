@@ -72,7 +72,7 @@ class FourOverSixConfig(QuantizationConfig):
             if any(r != recipes[0] for r in recipes):
                 raise ValueError(f"{prefix}: vLLM fuses {names} into one layer, but quantization_config gives them "
                                  f"different recipes ({recipes}); re-export with all of them converted alike")
-            return FourOverSixLinearMethod(recipes[0])
+            return FourOverSixLinearMethod(recipes[0], names)
         if isinstance(layer, RoutedExperts) and prefix in self.recipes:
             return FourOverSixMoEMethod(self.recipes[prefix], layer.moe_config)
         if prefix in self.recipes:

@@ -10,13 +10,23 @@ from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_mm
 from ..ops.checkpoint import amax_for_factor
 from ..ops.checks import blockable
-from .loaded import REEXPORT, check_finite, dummy_load, incomplete, recording
+from .loaded import QUANTIZED, REEXPORT, check_finite, dummy_load, incomplete, not_quantized, recording
+
+_SHARDS = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids; merged layers count 0, 1, ...
+
+
+def _tp_size() -> int:
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_world_size()
 
 
 @register_weight_loader_v2_supported_method
 class FourOverSixLinearMethod(LinearMethodBase):
-    def __init__(self, recipe: FourOverSixRecipe):
+    def __init__(self, recipe: FourOverSixRecipe, modules: list[str] | None = None):
         self.recipe = recipe
+        self.modules = modules
+        """The checkpoint modules this layer loads, in partition order (q_proj, k_proj, v_proj of a qkv_proj)."""
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
                        input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
@@ -27,16 +37,38 @@ class FourOverSixLinearMethod(LinearMethodBase):
         layer.loaded_shards = {}  # parameter name -> the shard ids its loader took (None: the whole fused tensor)
         layer.check_loaded = not dummy_load()
 
+        def expected(name, shard):
+            """(the checkpoint module of this shard, the shape its tensor must have (None for a factor, or under
+            tensor parallelism, where vLLM's loader checks the rank's slice), that expectation in words)."""
+            index = _SHARDS.get(shard, shard)
+            whole = index is None or self.modules is None or len(self.modules) != len(output_partition_sizes)
+            module = layer.prefix if whole else self.modules[index]
+            if name == "weight_scale_2":
+                return module, None, ", one per partition"
+            cols = input_size // (2 if name == "weight" else BLOCK_SIZE)
+            if _tp_size() != 1:
+                return module, None, f" of {cols} columns"
+            shape = (rows if index is None else output_partition_sizes[index], cols)
+            return module, shape, f" of shape {shape}"
+
         def loader_of(name):
             def load(param, loaded_weight, *shard, **kw):  # RowParallelLinear's loader takes no shard id
                 loaded_shard_id = shard[0] if shard else kw.get("loaded_shard_id")
+                module, shape, want = expected(name, loaded_shard_id)
+                wrong = not_quantized(layer.prefix, name, module, want, loaded_weight)
+                if wrong is None and shape is not None and tuple(loaded_weight.shape) != shape:
+                    wrong = ValueError(f"four_over_six: {layer.prefix}.{name}: the checkpoint's {name} of {module} "
+                                       f"has shape {tuple(loaded_weight.shape)}, expected {shape} (a "
+                                       f"{shape[0]}x{input_size} weight's {QUANTIZED[name][1]}); {REEXPORT}")
+                if wrong is not None:
+                    raise wrong
                 try:
                     return extra_weight_attrs["weight_loader"](param, loaded_weight, *shard, **kw)
-                except AssertionError as e:  # vLLM's shape assertion, naming nothing
-                    raise ValueError(f"four_over_six: {layer.prefix}.{name}: the checkpoint's tensor (shard "
-                                     f"{loaded_shard_id!r}) of shape {tuple(loaded_weight.shape)} does not fit the "
-                                     f"layer's {tuple(param.shape)} (partitions {list(output_partition_sizes)}); "
-                                     f"{REEXPORT}") from e
+                except (AssertionError, RuntimeError) as e:  # vLLM's shape assertion or narrow, naming nothing
+                    raise ValueError(f"four_over_six: {layer.prefix}.{name}: the checkpoint's tensor of {module} "
+                                     f"(shard {loaded_shard_id!r}) of shape {tuple(loaded_weight.shape)} does not "
+                                     f"fit the layer's {tuple(param.shape)} (partitions "
+                                     f"{list(output_partition_sizes)}; {type(e).__name__}: {e}); {REEXPORT}") from e
 
             def record(param, loaded_weight, loaded_shard_id=None):
                 layer.loaded_shards.setdefault(name, set()).add(loaded_shard_id)
@@ -57,7 +89,7 @@ class FourOverSixLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Every partition of every quantized parameter loaded, scales and factors finite. Shard ids (q/k/v, the
         merged 0, 1, ..., or None for a whole tensor) are what each TP rank loads alike, so the record holds under
-        tensor parallelism too; a short tensor fails vLLM's shape assertion in the loader (named above)."""
+        tensor parallelism too; a tensor of another dtype or shape is refused in the loader (named above)."""
         parts = len(layer.partition_sizes)
         if layer.check_loaded:
             for name in ("weight", "weight_scale", "weight_scale_2"):

@@ -4,6 +4,8 @@ pairs by expert and runs the package's experts forward (modules/experts.py: toke
 rows as in training, SiLU(x W1^T) * (x W3^T), then W2) on the package's grouped op, then combines a token's
 pairs with its router scores as torchtitan's MoE does (an FP32 bmm)."""
 
+import functools
+
 import torch
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
@@ -13,7 +15,7 @@ from ..numerics.formats import BLOCK_SIZE
 from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mm
 from ..ops.checkpoint import amax_for_factor
 from ..ops.checks import blockable
-from .loaded import check_finite, dummy_load, incomplete, recording
+from .loaded import check_finite, dummy_load, incomplete, not_quantized, recording
 
 
 class FourOverSixMoEMethod(FusedMoEMethodBase):
@@ -43,8 +45,21 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
                 experts = range(shape[0]) if loaded_weight.dim() == 3 else [local] if local >= 0 else []
                 for e in experts:  # a 3-D tensor: every expert at once
                     layer.loaded_shards.setdefault(name, {})[e, shard_id] = tuple(loaded_weight.shape[-2:])
+
+            def checked(param, loaded_weight, weight_name, shard_id, *args, **kwargs):
+                want, tp = "", layer.moe_config.moe_parallel_config.tp_size
+                if len(shape) == 3:  # an expert's tensor in the checkpoint, as process_weights_after_loading checks
+                    rows, cols = shape[1:]
+                    want = f" of shape {(rows // 2 * tp, cols) if shard_id != 'w2' else (rows, cols * tp)}"
+                expert = kwargs.get("expert_id", args[0] if args else None)
+                module = f"{layer.layer_name}'s expert {expert} ({shard_id})"
+                wrong = not_quantized(layer.layer_name, name, module, want, loaded_weight)
+                if wrong is not None:
+                    raise wrong
+                return loader(param, loaded_weight, weight_name, shard_id, *args, **kwargs)
+            loader = recording(extra_weight_attrs["weight_loader"], record)
             set_weight_attrs(param, {**extra_weight_attrs, "quant_method": kind.value,
-                                     "weight_loader": recording(extra_weight_attrs["weight_loader"], record)})
+                                     "weight_loader": functools.wraps(loader)(checked)})
         block, tensor = FusedMoeWeightScaleSupported.BLOCK, FusedMoeWeightScaleSupported.TENSOR
         for name, rows, cols in (("w13", 2 * inter, hidden_size), ("w2", hidden_size, inter)):
             add(f"{name}_weight", (num_experts, rows, cols // 2), torch.uint8, block)
