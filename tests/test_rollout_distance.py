@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from scripts.rollout_distance import VARIANTS, distances, report, summarize
+from scripts.rollout_distance import DATA, METRICS, VARIANTS, distances, summarize, table
 
 
 def test_distances_are_kl_and_the_actual_tokens_logprob_gap():
@@ -29,6 +29,5 @@ def test_summary_pairs_the_variants_by_window():
     pair = s["pairs"]["row"]
     assert pair["difference"]["high"] < 0 and 0.85 < pair["ratio"]["value"] < 0.95 and pair["ratio"]["bounded"]
     assert s["variants"]["NVFP4, tensor"]["n"] == 12
-    text = report({"summary": {d: {m: summarize(per, m) for m in ("kl", "dlogp")}
-                               for d in ("held-out text", "sampled responses")}})
+    text = "\n".join(table({d: {m: summarize(per, m) for m in METRICS} for d in DATA}, verdicts=False))
     assert text.count("| tensor |") == 4 and "4/6 / NVFP4" in text
