@@ -21,7 +21,7 @@ in OUT_DIR/scores with the same settings is not scored again; a call can be cut 
 same command resumes. Each finished run gets OUT_DIR/REGIME/seedN/run.json: its command, wall seconds and final
 training loss (the mean of the last steps // 10 steps' losses, logged before each update); the scoring adds the
 bf16 model's held-out loss on the split it scores (cut into training-length sequences as the trainer cuts data).
-Scoring runs on the CPU (FP32 reference quantizers, as the existing table), SCORE_JOBS checkpoints at once, one
+Scoring runs on the CPU (FP32 reference quantizers, as the existing table), --score-jobs checkpoints at once, one
 process each; vLLM (the plugin-agreement check and the vLLM |logp difference|) runs for the first seed of each
 regime when this Python has vllm (`auto`), as `.venv-vllm/bin/python -m scripts.rollout_study ...`. The page is
 OUT_DIR/rollout_distance.md (+ .json); --docs also writes it to PATH (default docs/results/rollout_distance.md).
@@ -147,6 +147,16 @@ def score_commands(a, runs: list[Run], vllm: set[str]) -> list[tuple[Run, list[s
             for run in runs]
 
 
+def needs_scoring(a, run: Run, with_vllm: bool) -> bool:
+    """No score file of this checkpoint with these settings (and vLLM's numbers when asked) in OUT/scores."""
+    from scripts.rollout_distance import Checkpoint, cached, settings
+
+    knobs = argparse.Namespace(window=a.window, prompt=a.prompt, response=a.response, seed=a.sample_seed,
+                               max_windows=a.max_windows)
+    want = settings(knobs, Checkpoint(run.checkpoint, run.regime.name, label(run), None), run.regime.seq_len)
+    return cached(a.out / "scores" / f"{label(run)}.json", want, with_vllm) is None
+
+
 def report_command(a, runs: list[Run], vllm_mode: str) -> list[str]:
     cmd = [sys.executable, "-m", "scripts.rollout_distance"]
     for run in runs:
@@ -177,7 +187,8 @@ def run_parallel(commands: list[tuple[str, list[str], Path]], jobs: int) -> dict
     """Run (name, command, log) at most `jobs` at once, each with an equal share of the CPU cores as its threads;
     {name: (exit status, seconds)}."""
     threads = max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(commands))))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    # the CPU's FP32 reference path, as the single-checkpoint table; no process takes a CUDA context
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     todo, running, result = list(commands), {}, {}
     try:
         while todo or running:
@@ -262,46 +273,47 @@ def main(argv=None) -> int:
         print(shlex.join(["python3", *report_command(a, runs, vllm_mode)[1:]]))
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    totals_file = a.out / "phase_seconds.json"
-    totals = json.loads(totals_file.read_text()) if totals_file.is_file() else {}
+    calls_file = a.out / "phase_calls.json"  # every call that did work in a phase: its command and wall time
+    calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
     status = 0
     if "train" in a.phases:
         started = time.monotonic()
-        for run in runs:
-            if not run.job.done_before():  # a run killed while saving may have left a partial step folder
-                shutil.rmtree(run.dump / "checkpoint", ignore_errors=True)
+        todo = [r for r in runs if not r.job.done_before()]
+        for run in todo:  # a run killed while saving may have left a partial step folder
+            shutil.rmtree(run.dump / "checkpoint", ignore_errors=True)
         TimedScheduler(a.jobs, device_memory_gib(), a.timeout, echo=lambda m: print(m, flush=True)).run(
             [r.job for r in runs])
-        totals["train"] = {"seconds": time.monotonic() - started, "command": this,
-                           "what": f"{len(runs)} runs on the {'GPU' if cuda else 'CPU'}"}
+        if todo:
+            calls.append({"phase": f"train phase: {len(todo)} runs on the {'GPU' if cuda else 'CPU'}, wall",
+                          "command": this, "seconds": time.monotonic() - started})
     done = [r for r in runs if write_record(r) is not None]
     missing = [label(r) for r in runs if r not in done]
     if missing:
-        print(f"[rollout_study] not trained (or failed): {', '.join(missing)}; scoring the others", flush=True)
+        print(f"[rollout_study] not trained (or failed): {', '.join(missing)}; going on with the others", flush=True)
         status = 1
     vllm_mode, vllm = vllm_choice(a.vllm, done)  # the first seed of a regime that trained
-    if "score" in a.phases and done:
+    failed = []
+    if "score" in a.phases:
+        todo = [(r, cmd) for r, cmd in score_commands(a, done, vllm) if needs_scoring(a, r, label(r) in vllm)]
         started = time.monotonic()
-        jobs = a.score_jobs or min(len(done), os.cpu_count() or 1)
-        results = run_parallel([(label(r), cmd, a.out / "scores" / f"{label(r)}.log")
-                                for r, cmd in score_commands(a, done, vllm)], jobs)
+        jobs = a.score_jobs or min(len(todo), os.cpu_count() or 1)
+        results = run_parallel([(label(r), cmd, a.out / "scores" / f"{label(r)}.log") for r, cmd in todo], jobs)
         failed = [name for name, (code, _) in results.items() if code]
         if failed:
             print(f"[rollout_study] scoring failed: {', '.join(failed)} (logs in {a.out / 'scores'})", flush=True)
             status = 1
-        totals["score"] = {"seconds": time.monotonic() - started, "command": this,
-                           "what": f"{len(done)} checkpoints, {jobs} at once, on the CPU"}
-    totals_file.write_text(json.dumps(totals, indent=1))
-    if "report" in a.phases and done and not status:
+        if todo:
+            calls.append({"phase": f"score phase: {len(todo)} checkpoints, {jobs} at once, on the CPU, wall",
+                          "command": this, "seconds": time.monotonic() - started})
+    calls_file.write_text(json.dumps(calls, indent=1))
+    if "report" in a.phases and done and not failed:
         phases = []
         for r in done:
             record = json.loads(r.record.read_text())
             phases.append({"phase": f"train {label(r)}", "command": "python3 " + record["command"],
                            "seconds": record["seconds"] or 0.0})
-        phases += [{"phase": f"{name} phase in all ({t['what']}), wall", "command": t["command"],
-                    "seconds": t["seconds"]} for name, t in totals.items()]
-        (a.out / "phases.json").write_text(json.dumps(phases, indent=1))
-        status = subprocess.run(report_command(a, done, vllm_mode), cwd=REPO).returncode
+        (a.out / "phases.json").write_text(json.dumps(phases + calls, indent=1))
+        status = subprocess.run(report_command(a, done, vllm_mode), cwd=REPO).returncode or status
     return status
 
 
