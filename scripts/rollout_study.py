@@ -261,8 +261,8 @@ def main(argv=None) -> int:
     runs = plan(a.out, a.regimes, a.seeds, cuda)
     vllm_mode, vllm = vllm_choice(a.vllm, runs)
     this = shlex.join(["python3", "-m", "scripts.rollout_study", *(sys.argv[1:] if argv is None else argv)])
-    os.chdir(REPO)  # the commands name the recipe relative to the repository
     if a.dry_run:
+        print("# from the repository root")
         print("# train (" + ("GPU" if cuda else "CPU") + f"; resumable: finished runs are skipped)")
         for run in runs:
             print(shlex.join(["python3", *run.job.command[1:]]))
@@ -272,6 +272,7 @@ def main(argv=None) -> int:
         print("# report")
         print(shlex.join(["python3", *report_command(a, runs, vllm_mode)[1:]]))
         return 0
+    os.chdir(REPO)  # the commands name the recipe relative to the repository
     a.out.mkdir(parents=True, exist_ok=True)
     calls_file = a.out / "phase_calls.json"  # every call that did work in a phase: its command and wall time
     calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from scripts.rollout_distance import (DATA, METRICS, VARIANTS, over_runs, page, pick_vllm, pooled, regime_summary,
-                                      resolve_checkpoints, summarize_means)
-from scripts.rollout_study import REGIMES, main, parse, parse_regime
+from scripts.rollout_distance import (DATA, METRICS, SCORE_FORMAT, VARIANTS, over_runs, page, pick_vllm, pooled,
+                                      regime_summary, resolve_checkpoints, summarize_means)
+from scripts.rollout_study import REGIMES, main, needs_scoring, parse, parse_regime, plan
 from titan_fp4six.compare.stats import fieller_ratio, mean_interval
 
 WINDOWS = 20
@@ -139,3 +139,16 @@ def test_study_defaults_and_refusals(monkeypatch):
                 ["--regime", "x:4:2:64:1", "--regime", "x:8:2:64:1"], ["--seeds", "0"]):
         with pytest.raises(SystemExit):
             parse(["out", *bad])
+
+
+def test_study_scores_only_checkpoints_without_current_scores(tmp_path):
+    a = parse([str(tmp_path), "--seeds", "1", "--regime", "mem:8:2:64:2", "--max-windows", "2"])
+    run = plan(a.out, a.regimes, a.seeds, cuda=False)[0]
+    assert needs_scoring(a, run, with_vllm=False)  # nothing scored yet
+    (tmp_path / "scores").mkdir()
+    want = {"format": SCORE_FORMAT, "checkpoint": str(run.checkpoint.resolve()), "window": 128, "prompt": 32, "response": 64,
+            "seed": 0, "max_windows": 2, "seq_len": 64}
+    (tmp_path / "scores" / "mem-seed0.json").write_text(json.dumps({"settings": want}))
+    assert not needs_scoring(a, run, with_vllm=False)
+    assert needs_scoring(a, run, with_vllm=True)  # vLLM's numbers asked for, not there
+    assert needs_scoring(parse([str(tmp_path), "--seeds", "1", "--regime", "mem:8:2:64:2"]), run, False)
