@@ -3,7 +3,7 @@
 float tolerance. What else differs between the versions' own runs: the initial weights of the attention's
 wq/wkv_a/wkv_b (drawn in another order) and the batches (0.3's loader starts sample r at token r*seq_len, 0.2's at
 r*(seq_len+1)). Runs in .venv-tt03; the Python it sits on (torchtitan 0.2.2, named in .venv-tt03/parent-python
-by scripts/setup_tt03.sh) gives the reference (tests/helpers/step_dump.py)."""
+by scripts/setup_tt03.sh) gives the reference (scripts/step_dump.py)."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.step_dump import to_tt03
+from scripts.step_dump import to_tt03
 from titan_fp4six.integration.version import series
 
 PARENT = Path(sys.prefix, "parent-python")
@@ -28,7 +28,7 @@ ARGS = ["--training.steps", "1", "--training.local_batch_size", "2", "--training
 
 def dump(python, out, *args):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    run = subprocess.run([python, "-m", "tests.helpers.step_dump", *out, "--", *args, *ARGS], cwd=ROOT, env=env,
+    run = subprocess.run([python, "-m", "scripts.step_dump", *out, "--", *args, *ARGS], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
     return torch.load(out[0], weights_only=True)

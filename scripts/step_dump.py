@@ -1,7 +1,10 @@
-"""`python -m tests.helpers.step_dump DUMP [LOAD [--no-yarn]] -- <titan_fp4six.train arguments>`: train through
-the launcher of the installed torchtitan (0.2.2 or 0.3.0) and write to DUMP (torch.save, after every step) the
+"""`python -m scripts.step_dump DUMP [LOAD [--no-yarn]] -- <titan_fp4six.train arguments>`: train through the
+launcher of the installed torchtitan (0.2.2 or 0.3.0) and write to DUMP (torch.save, after every step) the
 model's initial state dict (seeded, nothing trained yet), the batches the loader gave (`loader_batches`), the
 batches trained on (`batches`: input dict and labels), the step losses and the step-1 gradients (`grads`).
+
+Why: the study of docs/results/tt03_parity.md (why 0.2.2 and 0.3.0 train the same recipe to other losses) and
+its pinned check, tests/test_tt03_parity.py; a debugging tool of the lab, not the package's.
 
 With LOAD (a DUMP of a 0.2.2 run, read under torchtitan 0.3), the 0.3 model starts from that run's weights (names
 mapped by `to_tt03`) and each step trains on that run's batch, so the two runs' losses differ only by how the
@@ -10,6 +13,7 @@ max_seq_len to training.seq_len and scales RoPE (YaRN frequencies, softmax scale
 original_seq_len (4096), 0.3 always scales with the flavor's max_seq_len 16384.
 """
 
+import argparse
 import dataclasses
 import sys
 
@@ -90,12 +94,26 @@ def install(dump: str, load: str | None, no_yarn: bool) -> None:
     Trainer.forward_backward_step = forward_backward_step
 
 
-if __name__ == "__main__":
-    split = sys.argv.index("--")
-    paths, sys.argv = sys.argv[1:split], [sys.argv[0], *sys.argv[split + 1:]]
-    no_yarn = "--no-yarn" in paths
-    paths = [p for p in paths if p != "--no-yarn"]
-    install(paths[0], paths[1] if len(paths) > 1 else None, no_yarn)
-    from titan_fp4six.train import main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m scripts.step_dump", description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s DUMP [LOAD [--no-yarn]] -- <titan_fp4six.train arguments>")
+    parser.add_argument("dump", help="where the record goes (torch.save, rewritten after every step)")
+    parser.add_argument("load", nargs="?", help="a DUMP of a torchtitan 0.2.2 run: start from its weights and train "
+                        "on its batches (under 0.3)")
+    parser.add_argument("--no-yarn", action="store_true", help="with LOAD: RoPE scaling 'none', 0.2's attention")
+    ours = parser.parse_args(argv[:split])
+    if split == len(argv):
+        parser.error("the trainer's arguments go after `--` (--job.config_file ... or --module ... --config ...)")
+    if ours.no_yarn and ours.load is None:
+        parser.error("--no-yarn goes with LOAD (a 0.2.2 run's DUMP)")
+    sys.argv = [sys.argv[0], *argv[split + 1:]]  # torchtitan 0.2 binds sys.argv when its config module loads
+    install(ours.dump, ours.load, ours.no_yarn)
+    from titan_fp4six.train import main as train
 
-    main()
+    return train()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
