@@ -146,8 +146,8 @@ def test_study_scores_only_checkpoints_without_current_scores(tmp_path):
     run = plan(a.out, a.regimes, a.seeds, cuda=False)[0]
     assert needs_scoring(a, run, with_vllm=False)  # nothing scored yet
     (tmp_path / "scores").mkdir()
-    want = {"format": SCORE_FORMAT, "checkpoint": str(run.checkpoint.resolve()), "window": 128, "prompt": 32, "response": 64,
-            "seed": 0, "max_windows": 2, "seq_len": 64}
+    want = {"format": SCORE_FORMAT, "checkpoint": str(run.checkpoint.resolve()), "window": 128, "prompt": 32,
+            "response": 64, "seed": 0, "max_windows": 2, "seq_len": 64}
     (tmp_path / "scores" / "mem-seed0.json").write_text(json.dumps({"settings": want}))
     assert not needs_scoring(a, run, with_vllm=False)
     assert needs_scoring(a, run, with_vllm=True)  # vLLM's numbers asked for, not there
