@@ -302,8 +302,11 @@ def pick_vllm(checkpoints: list[Checkpoint], which: str) -> set[str]:
 
 # ---------------------------------------------------------------------------------------------------- scoring
 
-def settings(a, checkpoint: Checkpoint, seq_len: int) -> dict:
-    return {"format": SCORE_FORMAT, "checkpoint": str(checkpoint.path.resolve()), "window": a.window,
+def settings(a, checkpoint: Checkpoint, seq_len: int, out: Path) -> dict:
+    """What a score file depends on; the checkpoint named relative to OUT when it lies there (OUT can move)."""
+    path = checkpoint.path.resolve()
+    where = str(path.relative_to(out.resolve())) if path.is_relative_to(out.resolve()) else str(path)
+    return {"format": SCORE_FORMAT, "checkpoint": where, "window": a.window,
             "prompt": a.prompt, "response": a.response, "seed": a.seed, "max_windows": a.max_windows,
             "seq_len": seq_len}
 
@@ -323,6 +326,9 @@ def cached(file: Path, want: dict, need_vllm: bool) -> dict | None:
 
 def score(a, checkpoint: Checkpoint, with_vllm: bool, folder: Path) -> dict:
     """Every variant's per-window distances of one checkpoint (and vLLM's when asked), the bf16 held-out loss."""
+    import titan_fp4six.integration.cpu as cpu
+
+    cpu.apply()  # torchtitan's MoE on the CPU (idempotent)
     started = time.monotonic()
     seq_len = int((checkpoint.run or {}).get("seq_len", 512))
     held = windows(a.window)[:a.max_windows or None]
@@ -339,8 +345,8 @@ def score(a, checkpoint: Checkpoint, with_vllm: bool, folder: Path) -> dict:
             per[d][name] = [distances(r, log_probs(model, s), s, first) for r, s in zip(ref_lp[d], seqs)]
         print(f"[rollout_distance] {checkpoint.label} {name}: held-out KL "
               f"{sum(sum(x['kl']) for x in per['held-out text'][name]):.4g} (sum)", flush=True)
-    result = {"settings": settings(a, checkpoint, seq_len), "label": checkpoint.label, "regime": checkpoint.regime,
-              "run": checkpoint.run, "windows": len(held), "held_out_loss": loss,
+    result = {"settings": settings(a, checkpoint, seq_len, folder.parent), "label": checkpoint.label,
+              "regime": checkpoint.regime, "run": checkpoint.run, "windows": len(held), "held_out_loss": loss,
               "window_means": {d: {m: window_means(per[d], m) for m in METRICS} for d in data},
               "pooled_dlogp": {n: float(torch.tensor([t for s in per["held-out text"][n] for t in s["dlogp"]]).mean())
                                for n in VARIANTS},
@@ -573,8 +579,11 @@ def parse(argv=None) -> argparse.Namespace:
                         help="checkpoints scored through vLLM too: the first of each regime (default), all, none")
     parser.add_argument("--no-vllm", dest="vllm", action="store_const", const="none", help="= --vllm none")
     parser.add_argument("--score-only", action="store_true", help="score the checkpoints into OUT/scores, no page")
-    parser.add_argument("--phases", type=Path, help="a JSON list of {phase, command, seconds} to head the page "
-                                                    "with (scripts/rollout_study.py's study.json)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="no scoring: the page from every score file in OUT/scores (no --checkpoint needed)")
+    parser.add_argument("--phases", action="append", default=[], metavar="FILE",
+                        help="a JSON list of {phase, command, seconds} (or a glob of such files) to head the page "
+                             "with (scripts/rollout_study.py's phases files); repeatable")
     parser.add_argument("--docs", nargs="?", const=DOCS_PAGE, metavar="PATH",
                         help=f"also write the page to PATH in the repository (default {DOCS_PAGE})")
     parser.add_argument("--vllm-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
@@ -582,14 +591,14 @@ def parse(argv=None) -> argparse.Namespace:
     a.command = shlex.join(["python", "-m", "scripts.rollout_distance", *(sys.argv[1:] if argv is None else argv)])
     if a.vllm_worker:
         return a
-    if not a.checkpoint or a.out is None:
-        parser.error("--checkpoint and --out are required")
+    if a.out is None or not (a.checkpoint or a.report_only):
+        parser.error("--out and --checkpoint (or --report-only) are required")
     if not 1 <= a.prompt < a.window:
         parser.error(f"--prompt {a.prompt}: it must be in [1, --window {a.window})")
     if a.max_windows < 0:
         parser.error("--max-windows: 0 (all) or a positive number")
     try:
-        a.checkpoints = resolve_checkpoints(a.checkpoint)
+        a.checkpoints = [] if a.report_only else resolve_checkpoints(a.checkpoint)
     except ValueError as e:
         parser.error(str(e))
     a.through_vllm = pick_vllm(a.checkpoints, a.vllm)
@@ -597,6 +606,15 @@ def parse(argv=None) -> argparse.Namespace:
         parser.error("vLLM is not installed in this Python: run in .venv-vllm (scripts/setup_vllm.sh) or pass "
                      "--vllm none")
     return a
+
+
+def stored_scores(folder: Path) -> list[dict]:
+    """Every score file of OUT/scores, ordered by regime (first seen) and seed."""
+    scores = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+    first = {}
+    for s in scores:
+        first.setdefault(s["regime"], len(first))
+    return sorted(scores, key=lambda s: (first[s["regime"]], (s.get("run") or {}).get("seed", 0), s["label"]))
 
 
 def main(argv=None) -> int:
@@ -607,13 +625,10 @@ def main(argv=None) -> int:
         return 0
     folder = a.out / "scores"
     folder.mkdir(parents=True, exist_ok=True)
-    import titan_fp4six.integration.cpu as cpu
-
-    cpu.apply()
-    scores = []
+    scores = [] if not a.report_only else stored_scores(folder)
     for c in a.checkpoints:
         file = folder / f"{c.label}.json"
-        want = settings(a, c, int((c.run or {}).get("seq_len", 512)))
+        want = settings(a, c, int((c.run or {}).get("seq_len", 512)), a.out)
         s = cached(file, want, c.label in a.through_vllm)
         if s is None:
             s = score(a, c, c.label in a.through_vllm, folder)
@@ -626,14 +641,22 @@ def main(argv=None) -> int:
         scores.append(s)
     if a.score_only:
         return 0
+    if not scores:
+        raise SystemExit(f"no score files in {folder}")
+    kinds = {json.dumps({k: v for k, v in s["settings"].items() if k not in ("checkpoint", "seq_len")})
+             for s in scores}
+    if len(kinds) > 1:
+        raise SystemExit(f"the score files were made with different settings ({sorted(kinds)}): one page needs one")
     regimes = {}
     for s in scores:
         regimes.setdefault(s["regime"], []).append(s)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "commit": commit(), "machine": machine(), "command": a.command,
-              "phases": json.loads(a.phases.read_text()) if a.phases else [],
-              "windows": scores[0]["windows"], "window": a.window, "prompt": a.prompt, "response": a.response,
-              "seed": a.seed, "regimes": {name: regime_summary(group) for name, group in regimes.items()},
+              "phases": [x for f in a.phases for g in (sorted(glob.glob(f)) or [f]) for x in json.loads(
+                  Path(g).read_text())],
+              "windows": scores[0]["windows"], **{k: scores[0]["settings"][k] for k in ("window", "prompt",
+                                                                                       "response", "seed")},
+              "regimes": {name: regime_summary(group) for name, group in regimes.items()},
               "scores": scores}
     result["report_seconds"] = time.monotonic() - started
     text = page(result)

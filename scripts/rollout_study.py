@@ -63,7 +63,11 @@ class Regime:
 
 
 def parse_regime(text: str) -> Regime:
+    """NAME:STEPS:BATCH:SEQ_LEN:WARMUP, or a default regime's bare name."""
     parts = text.split(":")
+    defaults = {d.split(":")[0]: d for d in REGIMES}
+    if len(parts) == 1 and text in defaults:
+        parts = defaults[text].split(":")
     if len(parts) != 5 or not parts[0].replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"--regime {text!r}: give NAME:STEPS:BATCH:SEQ_LEN:WARMUP, e.g. short:150:8:512:15")
     try:
@@ -153,7 +157,8 @@ def needs_scoring(a, run: Run, with_vllm: bool) -> bool:
 
     knobs = argparse.Namespace(window=a.window, prompt=a.prompt, response=a.response, seed=a.sample_seed,
                                max_windows=a.max_windows)
-    want = settings(knobs, Checkpoint(run.checkpoint, run.regime.name, label(run), None), run.regime.seq_len)
+    want = settings(knobs, Checkpoint(run.checkpoint, run.regime.name, label(run), None), run.regime.seq_len,
+                    a.out)
     return cached(a.out / "scores" / f"{label(run)}.json", want, with_vllm) is None
 
 
@@ -161,7 +166,7 @@ def report_command(a, runs: list[Run], vllm_mode: str) -> list[str]:
     cmd = [sys.executable, "-m", "scripts.rollout_distance"]
     for run in runs:
         cmd += ["--checkpoint", str(run.checkpoint)]
-    cmd += ["--out", str(a.out), "--vllm", vllm_mode, "--phases", str(a.out / "phases.json"), *score_args(a)]
+    cmd += ["--out", str(a.out), "--vllm", vllm_mode, "--phases", str(a.out / "phases.*.json"), *score_args(a)]
     return cmd + (["--docs", a.docs] if a.docs else [])
 
 
@@ -220,7 +225,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=int(os.environ.get("SEEDS", 5)),
                    help="training seeds per regime, 0..SEEDS-1 (default: $SEEDS or 5)")
     p.add_argument("--regime", action="append", metavar="NAME:STEPS:BATCH:SEQ_LEN:WARMUP",
-                   help=f"a regime (repeatable; default {' and '.join(REGIMES)})")
+                   help=f"a regime, or a default one's name (repeatable; default {' and '.join(REGIMES)})")
     p.add_argument("--phase", action="append", choices=PHASES, help="run only these phases (default: all, in order)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="most training runs at once on a GPU (memory permitting; default: the CPU count); CPU: 1")
@@ -274,7 +279,9 @@ def main(argv=None) -> int:
         return 0
     os.chdir(REPO)  # the commands name the recipe relative to the repository
     a.out.mkdir(parents=True, exist_ok=True)
-    calls_file = a.out / "phase_calls.json"  # every call that did work in a phase: its command and wall time
+    # every call that did work in a phase: its command and wall time (one file per set of regimes, so that the
+    # folders of calls on different machines, one regime each, can be merged)
+    calls_file = a.out / f"phase_calls.{'+'.join(r.name for r in a.regimes)}.json"
     calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
     status = 0
     if "train" in a.phases:
@@ -313,7 +320,8 @@ def main(argv=None) -> int:
             record = json.loads(r.record.read_text())
             phases.append({"phase": f"train {label(r)}", "command": "python3 " + record["command"],
                            "seconds": record["seconds"] or 0.0})
-        (a.out / "phases.json").write_text(json.dumps(phases + calls, indent=1))
+        (a.out / f"phases.{'+'.join(r.name for r in a.regimes)}.json").write_text(json.dumps(phases + calls,
+                                                                                            indent=1))
         status = subprocess.run(report_command(a, done, vllm_mode), cwd=REPO).returncode or status
     return status
 

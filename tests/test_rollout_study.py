@@ -10,6 +10,7 @@ import pytest
 
 from scripts.rollout_distance import (DATA, METRICS, SCORE_FORMAT, VARIANTS, over_runs, page, pick_vllm, pooled,
                                       regime_summary, resolve_checkpoints, summarize_means)
+from scripts.rollout_distance import main as distance_main
 from scripts.rollout_study import REGIMES, main, needs_scoring, parse, parse_regime, plan
 from titan_fp4six.compare.stats import fieller_ratio, mean_interval
 
@@ -130,6 +131,7 @@ def test_study_dry_run_lists_every_phase_and_runs_nothing(tmp_path, capsys):
 def test_study_defaults_and_refusals(monkeypatch):
     a = parse(["out"])
     assert a.seeds == 5 and [parse_regime(r) for r in REGIMES] == a.regimes
+    assert parse(["out", "--regime", "short"]).regimes == [a.regimes[1]]  # a default regime by its name
     mem, short = a.regimes
     assert (mem.steps, mem.batch, mem.seq_len, mem.warmup) == (1500, 32, 512, 50) and short.steps < mem.steps
     assert a.phases == ["train", "score", "report"] and parse(["out", "--phase", "score"]).phases == ["score"]
@@ -146,9 +148,33 @@ def test_study_scores_only_checkpoints_without_current_scores(tmp_path):
     run = plan(a.out, a.regimes, a.seeds, cuda=False)[0]
     assert needs_scoring(a, run, with_vllm=False)  # nothing scored yet
     (tmp_path / "scores").mkdir()
-    want = {"format": SCORE_FORMAT, "checkpoint": str(run.checkpoint.resolve()), "window": 128, "prompt": 32,
-            "response": 64, "seed": 0, "max_windows": 2, "seq_len": 64}
+    want = {"format": SCORE_FORMAT, "checkpoint": "mem/seed0/checkpoint/step-8", "window": 128, "prompt": 32,
+            "response": 64, "seed": 0, "max_windows": 2, "seq_len": 64}  # named inside OUT: the folder can move
     (tmp_path / "scores" / "mem-seed0.json").write_text(json.dumps({"settings": want}))
     assert not needs_scoring(a, run, with_vllm=False)
     assert needs_scoring(a, run, with_vllm=True)  # vLLM's numbers asked for, not there
     assert needs_scoring(parse([str(tmp_path), "--seeds", "1", "--regime", "mem:8:2:64:2"]), run, False)
+
+
+def test_report_only_pages_every_stored_score(tmp_path):
+    """Score files brought back from other machines (one regime each) make one page, with no checkpoint at hand."""
+    (tmp_path / "scores").mkdir()
+    knobs = {"format": SCORE_FORMAT, "window": 128, "prompt": 32, "response": 64, "seed": 0, "max_windows": 0}
+    for regime, shifts in (("mem", [-0.02, -0.03, -0.025]), ("short", [-0.05, -0.03, -0.01])):
+        for i, unit in enumerate(fake_units(shifts)):
+            s = _score(f"{regime}-seed{i}", regime, unit, i)
+            s["settings"] = dict(knobs, checkpoint=f"{regime}/seed{i}/checkpoint/step-8", seq_len=64)
+            (tmp_path / "scores" / f"{regime}-seed{i}.json").write_text(json.dumps(s))
+    phases = tmp_path / "phases.mem.json"
+    phases.write_text(json.dumps([{"phase": "train mem-seed0", "command": "python3 -m ...", "seconds": 5.0}]))
+    assert distance_main(["--out", str(tmp_path), "--report-only", "--phases", str(tmp_path / "phases.*.json")]) == 0
+    text = (tmp_path / "rollout_distance.md").read_text()
+    assert "## Regime: mem (3 checkpoints)" in text and "## Regime: short (3 checkpoints)" in text
+    assert "# train mem-seed0: 5 s" in text
+    result = json.loads((tmp_path / "rollout_distance.json").read_text())
+    assert result["regimes"]["mem"]["over_runs"]["held-out text"]["kl"]["pairs"]["row"]["difference"]["high"] < 0
+    bad = json.loads((tmp_path / "scores" / "mem-seed0.json").read_text())
+    bad["settings"]["window"] = 64
+    (tmp_path / "scores" / "mem-seed0.json").write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="different settings"):
+        distance_main(["--out", str(tmp_path), "--report-only"])
