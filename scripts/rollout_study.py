@@ -2,7 +2,7 @@
 trains bf16 checkpoints of the `small` Qwen3 MoE flavor for SEEDS seeds in each regime, then scores every
 checkpoint with scripts/rollout_distance.py and writes its page (intervals over training runs, per regime).
 
-    python3 -m scripts.rollout_study OUT_DIR [--seeds 5] [--regime NAME:STEPS:BATCH:SEQ_LEN:WARMUP ...]
+    python3 -m scripts.rollout_study OUT_DIR [--seeds 5] [--seed-start 0] [--regime NAME:STEPS:BATCH:SEQ_LEN:WARMUP ...]
         [--phase train|score|report ...] [--vllm auto|first|all|none] [--dry-run] [--docs [PATH]]
         [--window 128 --prompt 32 --response 64 --max-windows 0]   (passed to scripts/rollout_distance.py)
 
@@ -98,7 +98,7 @@ class Run:
         return self.dump / "run.json"
 
 
-def plan(out: Path, regimes: list[Regime], seeds: int, cuda: bool) -> list[Run]:
+def plan(out: Path, regimes: list[Regime], seeds: int, cuda: bool, seed_start: int = 0) -> list[Run]:
     runs = []
     for r in regimes:
         common = ["--model.flavor", "small", "--training.local_batch_size", str(r.batch), "--training.seq_len",
@@ -106,7 +106,7 @@ def plan(out: Path, regimes: list[Regime], seeds: int, cuda: bool) -> list[Run]:
                   "--checkpoint.folder", "checkpoint", "--checkpoint.interval", str(r.steps),
                   "--checkpoint.last_save_model_only", "--checkpoint.export_dtype", "bfloat16"]
         cpu = [] if cuda else ["--training.mixed_precision_param", "float32"]
-        for seed in range(seeds):
+        for seed in range(seed_start, seed_start + seeds):
             dump = out / r.name / f"seed{seed}"
             cmd = command(CONFIG, seed, r.steps, dump, common, cpu)
             runs.append(Run(r, seed, Job(r.name, seed, cmd, dump / "train.log")))
@@ -224,6 +224,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("out", type=Path, metavar="OUT_DIR")
     p.add_argument("--seeds", type=int, default=int(os.environ.get("SEEDS", 5)),
                    help="training seeds per regime, 0..SEEDS-1 (default: $SEEDS or 5)")
+    p.add_argument("--seed-start", type=int, default=0,
+                   help="first seed (seeds are consecutive): a study spread over machine calls, part of the seeds "
+                        "each, merged by `rollout_distance --report-only`")
     p.add_argument("--regime", action="append", metavar="NAME:STEPS:BATCH:SEQ_LEN:WARMUP",
                    help=f"a regime, or a default one's name (repeatable; default {' and '.join(REGIMES)})")
     p.add_argument("--phase", action="append", choices=PHASES, help="run only these phases (default: all, in order)")
@@ -244,6 +247,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also write the page to PATH in the repository (default docs/results/rollout_distance.md)")
     p.add_argument("--dry-run", action="store_true", help="print the commands of every phase, run nothing")
     a = p.parse_args(argv)
+    if a.seed_start < 0:
+        p.error(f"--seed-start {a.seed_start}: seeds are >= 0")
     if a.seeds < 1:
         p.error(f"--seeds {a.seeds}: at least 1 (2 or more for intervals over runs)")
     try:
@@ -254,6 +259,7 @@ def parse(argv=None) -> argparse.Namespace:
     if len(set(names)) != len(names):
         p.error(f"--regime: two regimes share a name ({names})")
     a.phases = [ph for ph in PHASES if ph in (a.phase or PHASES)]
+    a.tag = f"{'+'.join(names)}.seeds{a.seed_start}-{a.seed_start + a.seeds - 1}"  # this call's part of a study
     a.out = a.out.resolve()
     return a
 
@@ -263,7 +269,7 @@ def main(argv=None) -> int:
     import torch
 
     cuda = torch.cuda.is_available()
-    runs = plan(a.out, a.regimes, a.seeds, cuda)
+    runs = plan(a.out, a.regimes, a.seeds, cuda, a.seed_start)
     vllm_mode, vllm = vllm_choice(a.vllm, runs)
     this = shlex.join(["python3", "-m", "scripts.rollout_study", *(sys.argv[1:] if argv is None else argv)])
     if a.dry_run:
@@ -279,9 +285,9 @@ def main(argv=None) -> int:
         return 0
     os.chdir(REPO)  # the commands name the recipe relative to the repository
     a.out.mkdir(parents=True, exist_ok=True)
-    # every call that did work in a phase: its command and wall time (one file per set of regimes, so that the
-    # folders of calls on different machines, one regime each, can be merged)
-    calls_file = a.out / f"phase_calls.{'+'.join(r.name for r in a.regimes)}.json"
+    # every call that did work in a phase: its command and wall time (one file per set of regimes and seeds, so
+    # that the folders of calls on different machines, each a part of the study, can be merged)
+    calls_file = a.out / f"phase_calls.{a.tag}.json"
     calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
     status = 0
     if "train" in a.phases:
@@ -320,8 +326,7 @@ def main(argv=None) -> int:
             record = json.loads(r.record.read_text())
             phases.append({"phase": f"train {label(r)}", "command": "python3 " + record["command"],
                            "seconds": record["seconds"] or 0.0})
-        (a.out / f"phases.{'+'.join(r.name for r in a.regimes)}.json").write_text(json.dumps(phases + calls,
-                                                                                            indent=1))
+        (a.out / f"phases.{a.tag}.json").write_text(json.dumps(phases + calls, indent=1))
         status = subprocess.run(report_command(a, done, vllm_mode), cwd=REPO).returncode or status
     return status
 

@@ -132,13 +132,17 @@ def test_study_defaults_and_refusals(monkeypatch):
     a = parse(["out"])
     assert a.seeds == 5 and [parse_regime(r) for r in REGIMES] == a.regimes
     assert parse(["out", "--regime", "short"]).regimes == [a.regimes[1]]  # a default regime by its name
+    part = parse(["out", "--regime", "memorizing", "--seeds", "2", "--seed-start", "3"])
+    runs = plan(part.out, part.regimes, part.seeds, cuda=True, seed_start=part.seed_start)
+    assert [r.seed for r in runs] == [3, 4] and part.tag == "memorizing.seeds3-4"
+    assert "--training.mixed_precision_param" not in runs[0].job.command  # the GPU's own precision
     mem, short = a.regimes
     assert (mem.steps, mem.batch, mem.seq_len, mem.warmup) == (1500, 32, 512, 50) and short.steps < mem.steps
     assert a.phases == ["train", "score", "report"] and parse(["out", "--phase", "score"]).phases == ["score"]
     monkeypatch.setenv("SEEDS", "3")
     assert parse(["out"]).seeds == 3
     for bad in (["--regime", "x:1:2:3"], ["--regime", "x:a:2:3:0"], ["--regime", "x:4:2:64:5"],
-                ["--regime", "x:4:2:64:1", "--regime", "x:8:2:64:1"], ["--seeds", "0"]):
+                ["--regime", "x:4:2:64:1", "--regime", "x:8:2:64:1"], ["--seeds", "0"], ["--seed-start", "-1"]):
         with pytest.raises(SystemExit):
             parse(["out", *bad])
 
