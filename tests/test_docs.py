@@ -277,7 +277,7 @@ def test_the_check_catches_drift():
     fine = [
         "`numerics/reference.py`, `ops/grouped.py`, `integration/tt03/`, `./titan_fp4six/integration/embedded`",
         "`quant/backends.resolve_backends`, `modules/fidelity/operands.quantized_backward_operands`",
-        "`python -m titan_fp4six.integration.dry_run`, `titan_fp4six.modules.invalidate_weight_caches`",
+        "`python -m titan_fp4six.dry_run`, `titan_fp4six.modules.invalidate_weight_caches`",
         "`scripts.runs.kernel_kind`, `tests.helpers.<name>`, `configs/<recipe>.toml`, `setup.sh`, `export.py`",
         "[the contract](numerics.md#7-nan-and-inf), [records](results/hardware.txt), ./outputs/rl_cpu",
         "(`titan_fp4six/numerics/reference.py`, `formats.py`, `hadamard.py`), `RECIPE.toml`, `*_full.toml`",

@@ -206,12 +206,12 @@ def test_a_non_finite_loss_stops_the_run_unless_allowed(tmp_path):
     assert run("--training.allow_nonfinite").returncode == 0
 
 
-@pytest.mark.parametrize("module", ["titan_fp4six.rl", "titan_fp4six.export", "titan_fp4six.integration.dry_run",
-                                    "titan_fp4six.rl.dry_run"])
-def test_the_0_2_only_tools_name_the_versions_under_0_3(module):
+@pytest.mark.parametrize("tool", [["titan_fp4six.rl"], ["titan_fp4six.export", "--checkpoint", "c", "--out", "o"],
+                                  ["titan_fp4six.dry_run"], ["titan_fp4six.dry_run", "--rl", "--nproc", "8"]])
+def test_the_0_2_only_tools_name_the_versions_under_0_3(tool):
     """They died at import with a bare ModuleNotFoundError from inside torchtitan 0.3, naming no version."""
-    proc = subprocess.run([sys.executable, "-m", module, "--job.config_file", "x.toml"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", *tool, "--job.config_file", "x.toml"], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode != 0
-    assert re.search(r"ImportError: python -m [\w.]+ is the integration for torchtitan 0\.2\.x, but torchtitan 0\.3\.\d+ "
-                     r"is installed: use ", proc.stderr), proc.stderr[-2000:]
+    assert re.search(r"ImportError: python -m [\w.]+(?: --rl)? is the integration for torchtitan 0\.2\.x, but "
+                     r"torchtitan 0\.3\.\d+ is installed: use ", proc.stderr), proc.stderr[-2000:]

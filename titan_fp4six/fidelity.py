@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from titan_fp4six.modules.fidelity import BACKWARD_MODES, VARIANTS, FidelityCapture, converted_modules, mean_metrics
@@ -86,7 +87,8 @@ def plot(results: dict[str, dict[str, float]], path: Path, title: str) -> None:
 
 
 def _parse(argv: list[str] | None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m titan_fp4six.fidelity", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--checkpoint", metavar="DIR", help="torchtitan checkpoint folder (its step-N "
                         "subfolders; the latest, or --checkpoint.load_step) to load the model state from")
     parser.add_argument("--steps-of-training", type=int, default=0, metavar="N",
@@ -114,7 +116,7 @@ def writable_folder(out: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ours, rest = _parse(argv)
     from titan_fp4six.train import check_world_size, prepare_process
 
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     report(results, {fqn: str(m.recipe) for fqn, m in modules}, config, ours, trainer.step, out)
+    return 0
 
 
 def load_checkpoint(checkpointer, folder: str, step: int) -> None:
@@ -194,4 +197,4 @@ def report(results: dict[str, dict[str, float]], recipes: dict[str, str], config
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,8 +9,22 @@ rendezvous variables torchrun would set are filled in for one rank).
 import importlib
 import os
 import socket
+import sys
 
 import torch
+
+
+def use_argv(argv: list[str] | None) -> None:
+    """Hand `argv` (the trainer's arguments; None: the command line's) to torchtitan, which reads sys.argv: 0.2
+    binds sys.argv[1:] when its config module is first imported, so a given argv must come before that."""
+    if argv is None:
+        return
+    sys.argv = [sys.argv[0], *argv]
+    manager = sys.modules.get("torchtitan.config.manager")
+    bound = getattr(getattr(manager, "ConfigManager", None), "parse_args", None)
+    if bound is not None and bound.__defaults__ and bound.__defaults__[0] not in (None, list(argv)):
+        raise RuntimeError("main(argv): torchtitan was imported first and keeps the command line it saw then; call "
+                           "main(argv) in a fresh process (or put the arguments on its command line)")
 
 
 def _single_process_env() -> None:
@@ -101,14 +115,18 @@ def check_before_training(job_config) -> None:
     check_world_size(job_config.parallelism, int(os.environ["WORLD_SIZE"]))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Train: torchtitan's main with the checks and the plugin's set-up; `argv` the trainer's arguments (default
+    the command line's). 0 when training ends; failures raise, as torchtitan's do."""
+    use_argv(argv)
     from titan_fp4six.integration.version import series
 
     if series() == "0.3":
         prepare_process("0.3")
         from torchtitan.train import main as torchtitan_main
 
-        return torchtitan_main()
+        torchtitan_main()
+        return 0
     prepare_process()
     from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
@@ -127,7 +145,8 @@ def main() -> None:
             super().__init__(job_config)
 
     torchtitan_main(CheckedTrainer)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

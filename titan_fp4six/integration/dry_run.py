@@ -2,18 +2,19 @@
 convert it, and print what is quantized and the memory a training run needs.
 
 Why: configs/qwen3_30b_a3b_nvfp4_four_over_six.toml cannot be trained here; this checks everything short of
-allocating it. ``python -m titan_fp4six.integration.dry_run --job.config_file RECIPE [--gpu-memory-gib 141]
-[--section.key value ...]`` (the torchtitan CLI after the dry-run flags). The memory model is stated in
-``estimate_memory``; it is an estimate for planning, not a measurement.
+allocating it. The tool is ``python -m titan_fp4six.dry_run --job.config_file RECIPE [--gpu-memory-gib 141]
+[--section.key value ...]`` (titan_fp4six/dry_run.py; ``--rl`` for a GRPO layout, rl/dry_run.py); this module
+builds, summarizes and reports. The memory model is stated in ``estimate_memory``; it is an estimate for
+planning, not a measurement.
 """
 
 from titan_fp4six.integration.version import require
 
-require("0.2", "python -m titan_fp4six.integration.dry_run")  # before the torchtitan 0.2 imports below
+require("0.2", "python -m titan_fp4six.dry_run")  # before the torchtitan 0.2 imports below
 
-import argparse
 import dataclasses
 import math
+import sys
 
 import torch
 from torch import nn
@@ -91,20 +92,15 @@ def estimate_memory(s: Summary, config, model_args, gpus: int, tokens: int | Non
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu-memory-gib", type=float, default=141.0, help="memory per GPU (H200: 141, H100/B200: 80/180)")
-    ours, rest = parser.parse_known_args(argv)
-    if not ours.gpu_memory_gib > 0:  # NaN too
-        parser.error(f"--gpu-memory-gib {ours.gpu_memory_gib:g}: the memory per GPU must be > 0 GiB (H200: 141)")
-    if not any(arg.split("=")[0] in ("--job.config_file", "--job.config-file") for arg in rest):
-        parser.error("--job.config_file RECIPE.toml is required (without it torchtitan's default llama3 job would be "
-                     "summarized), e.g. --job.config_file configs/qwen3_30b_a3b_nvfp4_four_over_six.toml")
-    config, model_args, model = build_and_convert(rest)
+def report(args: list[str], gpu_memory_gib: float) -> int:
+    """Build and convert the recipe of `args` (the torchtitan CLI) and print what is quantized and the memory per
+    GPU for FSDP over 1 to 64 GPUs of `gpu_memory_gib`, with the fewest that fit; 0."""
+    config, model_args, model = build_and_convert(args)
     s = summarize(model, model_args, config.training.seq_len)
     q_params = sum(n for n, _ in s.quantized.values())
     recipes = sorted({str(r) for _, r in s.quantized.values()})
-    print(f"recipe {config.job.config_file}: {config.model.name} {config.model.flavor}, converters {config.model.converters}")
+    print(f"recipe {config.job.config_file}: {config.model.name} {config.model.flavor}, "
+          f"converters {config.model.converters}")
     print(f"parameters: {s.total_params:,} total; {q_params:,} ({q_params / s.total_params:.1%}) in {len(s.quantized)} "
           f"four-over-six modules; {s.bf16_linear_params:,} Linear/expert weights left in bf16")
     print(f"recipes: {'; '.join(recipes) or 'none'}")
@@ -123,13 +119,14 @@ def main(argv: list[str] | None = None) -> None:
         total = sum(parts.values()) / GIB
         detail = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
         print(f"  N={gpus:2}: {total:7.1f} GiB  ({detail})")
-        if fits is None and total <= 0.9 * ours.gpu_memory_gib:
+        if fits is None and total <= 0.9 * gpu_memory_gib:
             fits = gpus
     need = f"{fits} GPUs" if fits else "more than 64 GPUs (or smaller local_batch_size / seq_len)"
-    print(f"hardware: at least {need} with {ours.gpu_memory_gib:g} GiB each (estimate within 90% of memory); "
+    print(f"hardware: at least {need} with {gpu_memory_gib:g} GiB each (estimate within 90% of memory); "
           f"native NVFP4 GEMMs need Blackwell (SM100), other GPUs run them emulated in bf16")
     print(f"min GPUs: {fits if fits else math.inf}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit("python -m titan_fp4six.integration.dry_run is now python -m titan_fp4six.dry_run (the same arguments)")

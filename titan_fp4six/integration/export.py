@@ -3,7 +3,7 @@ load: config.json (Qwen3 / Qwen3-MoE), the recipe's tokenizer files, model.safet
 state-dict adapter names the tensors).
 
     python -m titan_fp4six.export --job.config_file RECIPE --checkpoint DIR --out OUT [--format bf16|nvfp4]
-        [--section.key value ...]
+        [--section.key value ...]                                   (the tool: titan_fp4six/export.py)
 
 --format bf16: every weight as the trainer holds it, cast to bf16 (a plain HF checkpoint; the converted modules'
 weights are high-precision weights in training too).
@@ -27,18 +27,16 @@ from titan_fp4six.integration.version import require
 
 require("0.2", "python -m titan_fp4six.export", "torchtitan 0.2.x: export runs next to torchtitan 0.2 only (bash scripts/setup.sh)")  # before the torchtitan 0.2 imports below
 
-import argparse
 import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
+from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.protocols.train_spec import get_train_spec
 
@@ -293,21 +291,3 @@ def _export(job_config, checkpoint: Path, out: Path, fmt: str) -> None:
     for name in TOKENIZER_FILES:
         shutil.copyfile(assets / name, out / name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_fp4six.export", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", type=Path, required=True, help="a torchtitan DCP folder (step-N)")
-    parser.add_argument("--out", type=Path, required=True, help="a new (or empty) folder")
-    parser.add_argument("--format", default="bf16", help=f"one of {', '.join(FORMATS)}")
-    ours, rest = parser.parse_known_args(argv)
-    if "--job.config_file" not in rest:
-        parser.error("--job.config_file RECIPE.toml is required (the recipe that trained the checkpoint)")
-    job_config = ConfigManager().parse_args(rest)
-    out = export(job_config, ours.checkpoint, ours.out, ours.format)
-    print(f"wrote {out}: config.json, {', '.join(TOKENIZER_FILES)}, model.safetensors ({ours.format})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,13 @@
 """``python -m titan_fp4six.rl --job.config_file configs/rl_grpo_....toml``: GRPO on torchtitan (CPU without a GPU)."""
 
+import sys
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> int:
+    """GRPO training; `argv` the trainer's arguments (default the command line's). 0 when training ends."""
+    from ..train import use_argv
+
+    use_argv(argv)
     from ..integration.version import require
 
     require("0.2", "python -m titan_fp4six.rl", "torchtitan 0.2.x, or under 0.3 torchtitan's RL experiment with "
@@ -14,7 +20,8 @@ def main() -> None:
     from .trainer import RLTrainer
 
     torchtitan_main(RLTrainer)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

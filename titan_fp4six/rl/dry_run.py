@@ -1,25 +1,24 @@
-"""Dry run of a GRPO recipe on N ranks without its hardware: `python -m titan_fp4six.rl.dry_run --nproc N
-[--gpu-memory-gib 141] [--fp4-gemms] --job.config_file RECIPE [--section.key value ...]`.
+"""Dry run of a GRPO recipe on N ranks without its hardware: `python -m titan_fp4six.dry_run --rl --nproc N
+[--gpu-memory-gib 141] [--fp4-gemms] --job.config_file RECIPE [--section.key value ...]` (titan_fp4six/dry_run.py).
 
 It parses the recipe, refuses a layout the trainer cannot run on N ranks (check_layout: FSDP2 and EP degrees,
 experts against EP, whole prompt groups per rank), builds and converts the model on the meta device, and prints
 the memory each rank needs: the trainer's shard (integration/dry_run.py's estimate, re-scoring this rank's
 rollouts), the KL reference's shard, and the whole-model rollout engine every rank holds (dense weights in the
 forward's dtype; the converted experts packed as the weight sync sends them, plus their bf16 decode where the
-GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollouts whole). Exits non-zero when
+GEMMs are emulated; the KV cache: [rl] engine_kv_cache_gib, or this rank's rollouts whole). Fails (exit 1) when
 a rank needs more than 90% of --gpu-memory-gib. An estimate for planning, not a measurement.
 """
 
 from titan_fp4six.integration.version import require
 
 # before the torchtitan 0.2 imports below
-require("0.2", "python -m titan_fp4six.rl.dry_run", "torchtitan 0.2.x for this dry run")
+require("0.2", "python -m titan_fp4six.dry_run --rl", "torchtitan 0.2.x for this dry run")
 
-import argparse
 import os
 import sys
 
-from ..integration.dry_run import GIB, build_and_convert, estimate_memory, summarize
+from ..integration.dry_run import GIB, estimate_memory, summarize
 from .trainer import check_rl_job, engine_dtype
 from .vllm_generator import kv_cache_bytes
 
@@ -42,29 +41,20 @@ def engine_memory(s, config, model_args, nproc: int, fp4_gemms: bool, positions:
     return parts
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc", type=int, required=True, help="ranks of the torchrun world (GPUs)")
-    parser.add_argument("--gpu-memory-gib", type=float, default=141.0, help="memory per GPU (H200: 141, B200: 180)")
-    parser.add_argument("--fp4-gemms", action="store_true",
-                        help="Blackwell: real FP4 GEMMs, so the engine keeps no bf16 decode of its experts")
-    ours, rest = parser.parse_known_args(argv)
-    if ours.nproc < 1 or not ours.gpu_memory_gib > 0:
-        parser.error(f"--nproc {ours.nproc} must be >= 1 and --gpu-memory-gib {ours.gpu_memory_gib:g} > 0")
-    config, model_args, model = build_and_convert(rest)
-    if getattr(config, "rl", None) is None:
-        parser.error('the recipe has no [rl] section: [job] custom_config_module = "titan_fp4six.rl.job_config"')
-    os.environ["WORLD_SIZE"] = str(ours.nproc)  # what torchrun would set: check_rl_job checks the layout on it
+def report(config, model_args, model, nproc: int, gpu_memory_gib: float, fp4_gemms: bool) -> int:
+    """The layout checks and per-rank memory of a built and converted GRPO recipe (integration/dry_run.py's
+    build_and_convert) on `nproc` ranks; 1 (the reason on stderr) when a rank needs more than 90% of the memory."""
+    os.environ["WORLD_SIZE"] = str(nproc)  # what torchrun would set: check_rl_job checks the layout on it
     task = check_rl_job(config, engine=False)
     positions = task.max_positions()
     s = summarize(model, model_args, config.training.seq_len)
     cfg = config.rl
-    seqs = cfg.prompts_per_step * cfg.group_size // ours.nproc
-    trainer = estimate_memory(s, config, model_args, ours.nproc, tokens=seqs * positions)
+    seqs = cfg.prompts_per_step * cfg.group_size // nproc
+    trainer = estimate_memory(s, config, model_args, nproc, tokens=seqs * positions)
     if cfg.kl_coef > 0:
-        trainer["KL reference (fp32, sharded)"] = 4 * s.total_params / ours.nproc
-    engine = engine_memory(s, config, model_args, ours.nproc, ours.fp4_gemms, positions)
-    print(f"recipe {config.job.config_file}: {config.model.name} {config.model.flavor} on {ours.nproc} ranks "
+        trainer["KL reference (fp32, sharded)"] = 4 * s.total_params / nproc
+    engine = engine_memory(s, config, model_args, nproc, fp4_gemms, positions)
+    print(f"recipe {config.job.config_file}: {config.model.name} {config.model.flavor} on {nproc} ranks "
           f"(FSDP2 {config.parallelism.data_parallel_shard_degree}, EP {config.parallelism.expert_parallel_degree}); "
           f"{cfg.generator} engine per rank; {seqs} rollouts of <= {positions} positions per rank")
     for title, parts in (("trainer", trainer), ("engine", engine)):
@@ -72,12 +62,14 @@ def main(argv: list[str] | None = None) -> None:
         for key, value in parts.items():
             print(f"  {key}: {value / GIB:.2f} GiB")
     total = (sum(trainer.values()) + sum(engine.values())) / GIB
-    print(f"per rank: {total:.1f} GiB of {ours.gpu_memory_gib:g} GiB")
-    if total > 0.9 * ours.gpu_memory_gib:
-        sys.exit(f"rl dry run: {ours.nproc} ranks need {total:.1f} GiB each, more than 90% of --gpu-memory-gib "
-                 f"{ours.gpu_memory_gib:g}: use more ranks (torchrun --nproc_per_node / nodes), Blackwell's FP4 "
-                 "GEMMs (no engine decode), or fewer rollouts per step")
+    print(f"per rank: {total:.1f} GiB of {gpu_memory_gib:g} GiB")
+    if total > 0.9 * gpu_memory_gib:
+        print(f"rl dry run: {nproc} ranks need {total:.1f} GiB each, more than 90% of --gpu-memory-gib "
+              f"{gpu_memory_gib:g}: use more ranks (torchrun --nproc_per_node / nodes), Blackwell's FP4 "
+              "GEMMs (no engine decode), or fewer rollouts per step", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit("python -m titan_fp4six.rl.dry_run is now python -m titan_fp4six.dry_run --rl (the same arguments)")
