@@ -8,9 +8,10 @@
     python -m scripts.runs compile-parity OUT
     python -m scripts.runs rl-signal --mode grpo
 
-Every training is `python -m titan_fp4six.train` in a subprocess: the trainer users run (converters, data
-loader, optimizer, compile), not a re-implementation; its console step lines are read back with the package's
-parser. Arguments after `--` go to every training. Run from the repository root (the recipes' paths are
+Every training is `python -m titan_fp4six.train` in a subprocess, started by the package's one launcher
+(titan_fp4six/integration/launch.py, as `python -m titan_fp4six.compare` starts its runs): the trainer users run
+(converters, data loader, optimizer, compile), not a re-implementation; its console step lines are read back with
+the package's parser. Arguments after `--` go to every training. Run from the repository root (the recipes' paths are
 relative to it).
 """
 
@@ -30,7 +31,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from titan_fp4six.compare.runs import parse_steps, stop
+from titan_fp4six.compare.runs import parse_steps
+from titan_fp4six.integration.launch import run_training, start_training, stop, training_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DS = "configs/deepseek_v3_debugmodel"
@@ -62,18 +64,14 @@ class Run:
 
 
 def command(run: Run, common: list[str]) -> list[str]:
-    return [sys.executable, "-m", "titan_fp4six.train", "--job.config_file", run.config, *common, *run.overrides]
+    return training_command(["--job.config_file", run.config, *common, *run.overrides])
 
 
 def start(run: Run, common: list[str], log: Path) -> subprocess.Popen:
-    """Start the training in the background, console to `log`, dump folder outputs/<log name> (runs of one
-    recipe side by side must not share it)."""
-    common = [*common, "--job.dump_folder", f"outputs/{log.stem}"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log, "w") as f:
-        f.write("# " + shlex.join(command(run, common)) + "\n")
-        f.flush()
-        return subprocess.Popen(command(run, common), stdout=f, stderr=subprocess.STDOUT, env=env)
+    """Start the training in the background, console to `log` (its command the first line), dump folder
+    outputs/<log name> (runs of one recipe side by side must not share it)."""
+    cmd = command(run, [*common, "--job.dump_folder", f"outputs/{log.stem}"])
+    return start_training(cmd, log, header="# " + shlex.join(cmd) + "\n")
 
 
 def wait(proc: subprocess.Popen, timeout: float | None) -> int:
@@ -338,12 +336,10 @@ def cmd_profile(args, common):
                                  "10", "--profiling.profiler_warmup", "2", "--profiling.profiler_active", "1",
                                  "--metrics.log_freq", "1", "--metrics.disable_color_printing",
                                  "--job.dump_folder", str(dump), *common])
-        with open(log, "w") as f:
-            try:
-                code = subprocess.run(command(run, []), stdout=f, stderr=subprocess.STDOUT,
-                                      timeout=args.timeout).returncode
-            except subprocess.TimeoutExpired:
-                code = "timeout"
+        try:
+            code, _ = run_training(command(run, []), log, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            code = "timeout"
         trace = dump / "profile_traces" / "iteration_10" / "rank0_trace.json"
         if code != 0 or not trace.is_file():
             print(f"{name} failed ({code}):\n" + "\n".join(log.read_text().splitlines()[-20:]))
@@ -613,15 +609,12 @@ def launch(nproc: int, args: list[str], dump: Path, *, env: dict | None = None, 
     0's log (raises on failure)."""
     dump = dump.resolve()
     dump.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "--local-ranks-filter=0", "-m", "titan_fp4six.train", *args, "--job.dump_folder", str(dump),
-           "--metrics.disable_color_printing"]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
-    (dump / "log.txt").write_text(proc.stdout)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; log tail:\n{proc.stdout[-4000:]}")
-    return proc.stdout
+    cmd = training_command([*args, "--job.dump_folder", str(dump), "--metrics.disable_color_printing"], nproc)
+    code, out = run_training(cmd, timeout=timeout, env=env, cwd=ROOT)
+    (dump / "log.txt").write_text(out)
+    if code:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {code}; log tail:\n{out[-4000:]}")
+    return out
 
 
 def losses(log: str) -> dict[int, float]:

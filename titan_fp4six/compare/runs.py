@@ -1,6 +1,6 @@
 """Train every (variant, seed) of a comparison through the plugin's launcher and read the step lines back.
 
-Why subprocesses of ``python -m titan_fp4six.train``: the comparison must measure the trainer users run
+Why subprocesses of ``python -m titan_fp4six.train`` (started by integration/launch.py, as the lab's runs are): the comparison must measure the trainer users run
 (converters, data loader, optimizer, deterministic settings), and one process per run keeps torch.distributed
 and the CPU launcher's patches apart. Several runs share one GPU when its memory allows (the debug models use
 a few GiB of 141 and are host-bound), one at a time on the CPU. A finished run leaves ``<log>.exit``; a run
@@ -12,10 +12,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..integration.launch import start_training, stop, training_command
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"(?<!validate )step:\s*(\d+)\s+(.*)$")
@@ -71,20 +72,9 @@ class Job:
 def command(config: Path, seed: int, steps: int, dump: Path, common: list[str], overrides: list[str]) -> list[str]:
     """The launcher's command line: deterministic algorithms, every step logged, the seed, then the user's
     overrides (the variant's last, so they win)."""
-    return [sys.executable, "-m", "titan_fp4six.train", "--job.config_file", str(config),
-            "--training.steps", str(steps), "--debug.seed", str(seed), "--debug.deterministic",
-            "--metrics.log_freq", "1", "--metrics.disable_color_printing", "--job.dump_folder", str(dump),
-            *common, *overrides]
-
-
-def stop(proc: subprocess.Popen, grace: float) -> int:
-    """Terminate a training, killing it if it has not exited after `grace` seconds; its exit status."""
-    proc.terminate()
-    try:
-        return proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+    return training_command(["--job.config_file", str(config), "--training.steps", str(steps), "--debug.seed",
+                             str(seed), "--debug.deterministic", "--metrics.log_freq", "1",
+                             "--metrics.disable_color_printing", "--job.dump_folder", str(dump), *common, *overrides])
 
 
 def device_memory_gib() -> float | None:
@@ -116,12 +106,8 @@ class Scheduler:
     def _start(self, job: Job, threads: int) -> None:
         job.log.parent.mkdir(parents=True, exist_ok=True)
         job.exit_file.unlink(missing_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.setdefault("OMP_NUM_THREADS", str(threads))
-        with open(job.log, "w") as f:
-            f.write(job.header())
-            f.flush()
-            job.proc = subprocess.Popen(job.command, stdout=f, stderr=subprocess.STDOUT, env=env)
+        threads_env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
+        job.proc = start_training(job.command, job.log, header=job.header(), env=threads_env)
         job.started = time.monotonic()
 
     def _read_memory(self, running: list[Job]) -> None:
