@@ -1,9 +1,11 @@
 """The package's imports run one way: numerics and kernels at the bottom (kernels may use only the formats),
 then quant, ops, modules, integration, and the entry points on top. Checked on the source: static imports
 (lazy ones inside functions too) and importlib calls, which must name their module as a literal below the top
-layer (an entry point may import what a user's knob names: it may import every layer anyway)."""
+layer (an entry point may import what a user's knob names: it may import every layer anyway). No module of the
+package imports scripts/ or tests/ (the lab and the suite sit outside what is installed)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,32 @@ def test_no_module_imports_a_layer_above_its_own(path):
     own = _layer(parts)
     for target in _imports(path):
         assert _layer(target) <= own, f"{'.'.join(parts)} imports titan_fp4six.{'.'.join(target)} from a layer above"
+
+
+def _outside_names(path: Path) -> list[str]:
+    """Every module outside the package's layers that this file imports by name: static imports (lazy ones too),
+    importlib calls with a literal, and strings that are a dotted module name (what a subprocess or torchtitan's
+    `--experimental.custom_import` would import)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"\w+(\.\w+)+", node.value):
+            found.append(node.value)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            found.append(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_package_never_imports_the_lab_or_the_tests(path):
+    """scripts/ (studies, benchmarks, reports, the parity loaders) and tests/ use the package, never the reverse:
+    the package is what users install, and neither folder is installed with it."""
+    lab = [name for name in _outside_names(path) if name.split(".")[0] in ("scripts", "tests")]
+    assert not lab, f"{path.relative_to(PACKAGE)} imports {lab}"
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "kernels").glob("*.py")), ids=lambda p: p.name)
