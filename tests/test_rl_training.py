@@ -148,7 +148,7 @@ def test_the_readmes_cpu_command_runs_two_steps(tmp_path):
     """The README's CPU RL command as written (2 torchrun processes; its dump folder moved to tmp_path), on the
     package's tiny flavor."""
     text = (REPO / "README.md").read_text()
-    start = text.index("torchrun", text.index("on the package's `tiny` flavor"))
+    start = text.index("torchrun --nproc_per_node 2 -m titan_fp4six.rl")
     args = text[start:text.index("```", start)].replace("\\\n", " ").split()
     assert args[0] == "torchrun" and "--model.flavor" in args and "tiny" in args
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
