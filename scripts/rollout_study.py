@@ -8,8 +8,8 @@ checkpoint with scripts/rollout_distance.py and writes its page (intervals over 
 
 Regimes (default): "memorizing", the checkpoint docs/fidelity.md measured: 1500 steps of 32 x 512 tokens (about 65
 passes over the 377k-token training split), warm-up 50; "short": 150 steps of 8 x 512 tokens, warm-up 15 (614k
-tokens, 1.6 passes: every document seen at most twice, so held-out loss stays near training loss while the model
-has had ten times the optimizer steps of one pass at 32 x 512, which is 23 steps). Every run: configs/
+tokens, 1.6 passes: every document seen at most twice, so held-out loss stays near training loss, while the model
+gets 150 optimizer steps, where one pass at 32 x 512 would be 23). Every run: configs/
 qwen3_moe_debug_bf16.toml (lr 8e-4), --debug.seed SEED (0..SEEDS-1; seed 0 is the recipe's own, the setup of the
 single checkpoint measured before), --debug.deterministic, every step logged, and torchtitan's checkpointer on:
 one model-only checkpoint at the last step, exported in bf16 (the scoring rounds every weight to bf16 anyway, so
@@ -18,8 +18,11 @@ permitting, through titan_fp4six.compare's scheduler), else on the CPU in FP32, 
 
 Resumable: a run whose log, command and exit status are there is not trained again, a checkpoint whose scores are
 in OUT_DIR/scores with the same settings is not scored again; a call can be cut (a machine's time limit) and the
-same command resumes. Each finished run gets OUT_DIR/REGIME/seedN/run.json: its command, wall seconds and final
-training loss (the mean of the last steps // 10 steps' losses, logged before each update); the scoring adds the
+same command resumes. A study can also be spread over machine calls, a part each (--regime NAME, --seeds and
+--seed-start): their folders, copied into one without the checkpoints' *.distcp files, make one page with
+`python3 -m scripts.rollout_distance --out OUT_DIR --report-only --phases 'OUT_DIR/phases.*.json'`. Each
+finished run gets OUT_DIR/REGIME/seedN/run.json: its command, wall seconds and final training loss (the mean of
+the last steps // 10 steps' losses, logged before each update); the scoring adds the
 bf16 model's held-out loss on the split it scores (cut into training-length sequences as the trainer cuts data).
 Scoring runs on the CPU (FP32 reference quantizers, as the existing table), --score-jobs checkpoints at once, one
 process each; vLLM (the plugin-agreement check and the vLLM |logp difference|) runs for the first seed of each
