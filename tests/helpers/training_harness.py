@@ -1,7 +1,8 @@
 """Runs torchtitan's trainer through `python -m titan_fp4six.train` in a subprocess and returns its losses.
 
 Why a subprocess: the trainer initializes torch.distributed and the CPU launcher patches torchtitan module state;
-neither should leak into the pytest process. The package's "tiny" flavors (titan_fp4six/integration/flavors.py,
+neither should leak into the pytest process. The subprocess is a fork of a process that has imported torchtitan
+and the package already (tests/helpers/zygote.py): the same run, without paying the imports each time. The package's "tiny" flavors (titan_fp4six/integration/flavors.py,
 registered by the launchers) keep the CPU reference quantizers fast.
 As a module (`python -m tests.helpers.training_harness OUT.json ARGS...`, from the repository root) it runs the launcher with ARGS and writes
 {step: loss} (exact floats) to OUT.json.
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny"
@@ -27,7 +30,7 @@ def launch(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> 
                CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "tests.helpers.training_harness", str(dump_folder / "losses.json"),
            "--job.config_file", str(REPO / "configs" / config), "--job.dump_folder", str(dump_folder), *CPU_ARGS, *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return zygote.run(cmd[2], cmd[3:], env, str(REPO), timeout)
 
 
 def train(config: str, dump_folder: Path, *args: str, timeout: float = 300) -> dict[int, float]:
