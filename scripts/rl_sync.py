@@ -11,11 +11,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from scripts.provenance import commit, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml"
@@ -89,13 +90,10 @@ def main() -> None:
                         f"| {step:.3f} | {med['gen_s']:.3f} | {med['train_s']:.3f} | {med['sync_s'] * 1e3:.1f} | "
                         f"{sent / 1e6:.2f} | {experts} |")
             print(rows[-1], flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    machine = f"{os.cpu_count()} cores, {platform.machine()}, {platform.processor() or 'CPU'}, no GPU"
     command = f"python -m scripts.rl_sync --steps {args.steps} --flavor {args.flavor} --generators {args.generators}"
     PAGE.write_text(f"""# GRPO on 2 CPU ranks: step time and the weight sync
 
-Written by `scripts/rl_sync.py`. Date {datetime.date.today()}, commit {commit}. Machine: {machine}. Command:
+Written by `scripts/rl_sync.py`. Date {datetime.date.today()}, commit {commit()}. Machine: {machine()}. Command:
 `{command}`.
 
 The RL recipe (`{RECIPE}`), flavor `{args.flavor}`, FP32 parameters, 8 prompts x 4 samples a step, FSDP2 over

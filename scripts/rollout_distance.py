@@ -33,7 +33,6 @@ import glob
 import importlib.util
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -44,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from scripts.provenance import commit, machine
 
 REPO = Path(__file__).resolve().parents[1]
 QUANTIZED = "configs/qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml"
@@ -538,31 +539,6 @@ def page(result: dict) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    import torchtitan
-
-    return (f"{platform.system()} {platform.machine()}, {cpu} ({os.cpu_count()} cores), {gpu}, torch "
-            f"{torch.__version__}, torchtitan {getattr(torchtitan, '__version__', '?')}")
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("ROLLOUT_COMMIT", "unknown (not a git checkout)")
-    return head + (" (with uncommitted changes)" if dirty else "")
-
-
 # ---------------------------------------------------------------------------------------------------- main
 
 def parse(argv=None) -> argparse.Namespace:
@@ -651,7 +627,8 @@ def main(argv=None) -> int:
     for s in scores:
         regimes.setdefault(s["regime"], []).append(s)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "commit": commit(), "machine": machine(), "command": a.command,
+              "commit": commit(os.environ.get("ROLLOUT_COMMIT", "unknown (not a git checkout)")),
+              "machine": machine(), "command": a.command,
               "phases": [x for f in a.phases for g in (sorted(glob.glob(f)) or [f]) for x in json.loads(
                   Path(g).read_text())],
               "windows": scores[0]["windows"], **{k: scores[0]["settings"][k] for k in ("window", "prompt",
