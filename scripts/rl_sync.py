@@ -8,7 +8,6 @@ start-up work); figures are medians over those steps, per rank maxima as the tra
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -16,11 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.provenance import commit, machine
+from scripts.results_page import provenance, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml"
-PAGE = ROOT / "docs" / "results" / "rl_sync.md"
 
 
 def run(nproc: int, sync: str, flavor: str, steps: int, out: Path, generator: str) -> list[dict]:
@@ -91,10 +89,9 @@ def main() -> None:
                         f"{sent / 1e6:.2f} | {experts} |")
             print(rows[-1], flush=True)
     command = f"python -m scripts.rl_sync --steps {args.steps} --flavor {args.flavor} --generators {args.generators}"
-    PAGE.write_text(f"""# GRPO on 2 CPU ranks: step time and the weight sync
+    write_page("rl_sync.md", "scripts.rl_sync", f"""# GRPO on 2 CPU ranks: step time and the weight sync
 
-Written by `scripts/rl_sync.py`. Date {datetime.date.today()}, commit {commit()}. Machine: {machine()}. Command:
-`{command}`.
+{provenance(command)}
 
 The RL recipe (`{RECIPE}`), flavor `{args.flavor}`, FP32 parameters, 8 prompts x 4 samples a step, FSDP2 over
 the ranks; medians over steps 2-{args.steps} (per-rank maxima). "sync MB": what each rank assembles into its
@@ -110,7 +107,6 @@ engine (it samples from the trainer's own model).
 
 {thirty_b()}
 """)
-    print(f"wrote {PAGE}")
 
 
 if __name__ == "__main__":
