@@ -24,7 +24,8 @@ by vLLM with the four_over_six plugin, one engine per subprocess: the actual tok
 package's forward, and the held-out |logp difference| is recomputed from vLLM's.
 Each checkpoint's scores are kept in DIR/scores/<label>.json and reused by a later call with the same settings
 (--score-only scores and stops: scripts/rollout_study.py scores checkpoints in parallel that way). Writes
-DIR/rollout_distance.md and .json; --docs also writes the page to PATH (default docs/results/rollout_distance.md).
+DIR/rollout_distance.md and .json; --docs also writes the page to PATH (default docs/results/rollout_distance.md),
+marked as this script's (scripts/results_page.py: a re-run replaces it, no hand edits).
 """
 
 import argparse
@@ -45,6 +46,7 @@ from pathlib import Path
 import torch
 
 from scripts.provenance import commit, machine
+from scripts.results_page import write_page
 
 REPO = Path(__file__).resolve().parents[1]
 QUANTIZED = "configs/qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml"
@@ -639,10 +641,8 @@ def main(argv=None) -> int:
     text = page(result)
     (a.out / "rollout_distance.json").write_text(json.dumps(result, indent=1))
     (a.out / "rollout_distance.md").write_text(text)
-    if a.docs:
-        target = REPO / a.docs
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+    if a.docs:  # the page of docs/results is this script's alone (scripts/results_page.py)
+        write_page(REPO / a.docs, "scripts.rollout_distance", text)
     print(text)
     return 0
 

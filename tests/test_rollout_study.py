@@ -171,8 +171,12 @@ def test_report_only_pages_every_stored_score(tmp_path):
             (tmp_path / "scores" / f"{regime}-seed{i}.json").write_text(json.dumps(s))
     phases = tmp_path / "phases.mem.json"
     phases.write_text(json.dumps([{"phase": "train mem-seed0", "command": "python3 -m ...", "seconds": 5.0}]))
-    assert distance_main(["--out", str(tmp_path), "--report-only", "--phases", str(tmp_path / "phases.*.json")]) == 0
+    docs = tmp_path / "docs" / "rollout_distance.md"  # --docs PATH: the page, marked as the script's
+    assert distance_main(["--out", str(tmp_path), "--report-only", "--phases", str(tmp_path / "phases.*.json"),
+                          "--docs", str(docs)]) == 0
     text = (tmp_path / "rollout_distance.md").read_text()
+    assert docs.read_text() == ("<!-- page written by scripts.rollout_distance; edit the script, not this page -->\n"
+                                + text)
     assert "## Regime: mem (3 checkpoints)" in text and "## Regime: short (3 checkpoints)" in text
     assert "# train mem-seed0: 5 s" in text
     result = json.loads((tmp_path / "rollout_distance.json").read_text())
