@@ -1,6 +1,6 @@
 """Trainer/rollout mismatch of the three rollout paths, on the CPU, for docs/results/rl.md's generator table:
 
-    .venv-vllm/bin/python -m scripts.rl_generators [--seeds 5] [--json OUT.json]
+    .venv-vllm/bin/python -m scripts.rl_generators [--seeds 5] [--json OUT.json] [--docs]
 
 The RL recipe's model (configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml at the `tiny` flavor, FP32, built
 and converted by the recipe's converters) is first taught the copy task by teacher forcing (so its logprobs are
@@ -8,17 +8,21 @@ far from uniform: a near-uniform policy hides mismatch), once per activation sca
 tensor: per-tensor amaxes, as the all-Linears recipes use). Then, per seed, the same prompts are rolled out by the
 native generator in fast mode, the native generator in consistent mode and the vLLM engine, and each rollout is
 re-scored by the trainer's forward in the matching mode; the table gives the mean over seeds of the max and mean
-|logp difference| and the k3 KL over response tokens, with a 95% t-interval.
+|logp difference| and the k3 KL over response tokens, with a 95% t-interval. --docs writes the table into its
+section ("rl-generators") of docs/results/rl.md.
 """
 
 import argparse
 import json
 import random
+import sys
+from pathlib import Path
 
 import torch
 from torchtitan.config.manager import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
+from scripts.results_page import DOCS_HELP, command_line, write_section
 from titan_fp4six.compare.stats import mean_interval
 from titan_fp4six.integration import cpu
 from titan_fp4six.rl import grpo
@@ -44,7 +48,7 @@ def teach(model, task: CopyTask, steps: int, seed: int) -> float:
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(steps):
-        prompts = task.prompts(32, rng)
+        prompts = [e.tokens for e in task.examples(32, rng)]
         seqs = torch.tensor([p + p[1:1 + task.length] + [task.vocab.eos] for p in prompts])
         positions = torch.arange(seqs.shape[1]).expand(seqs.shape[0], -1)
         logprobs = forward(model, seqs[:, :-1], positions[:, :-1], kernels(False))
@@ -108,27 +112,45 @@ def measure(scaling: str, seeds: int, teach_steps: int) -> dict:
     return {"teach_loss": loss, "reward": sum(rewards) / len(rewards), "rows": rows}
 
 
+def _interval(e) -> str:
+    return f"{e.mean:.2e}" if e.low is None else f"{e.mean:.2e} [{e.low:.2e}, {e.high:.2e}]"
+
+
+def table(results: dict, seeds: int) -> str:
+    """The generator table (mean [95% t-interval] over seeds; one seed: the mean alone) and a line per scaling."""
+    lines = ["| activation scaling | generator | max \\|dlogp\\| | mean \\|dlogp\\| | k3 KL | mean rollout logp |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for scaling, r in results.items():
+        for name, ms in r["rows"].items():
+            cols = [_interval(mean_interval([m[k] for m in ms])) for k in ("mismatch_max", "mismatch_mean",
+                                                                           "mismatch_kl")]
+            lines.append(f"| {scaling} | {name} | {' | '.join(cols)} | {sum(m['logp'] for m in ms) / len(ms):.3f} |")
+    lines.append("")
+    for scaling, r in results.items():
+        lines.append(f"- {scaling}: teacher-forced loss {r['teach_loss']:.3f}, vLLM rollout reward {r['reward']:.3f}, "
+                     f"{seeds} seeds x {PROMPTS * GROUP} rollouts")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--teach-steps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--docs", action="store_true", help=DOCS_HELP + " (rl.md, section rl-generators)")
     a = parser.parse_args()
     cpu.apply()
     results = {s: measure(s, a.seeds, a.teach_steps) for s in ("row", "tensor")}
-    fmt = lambda e: f"{e.mean:.2e} [{e.low:.2e}, {e.high:.2e}]"  # noqa: E731
-    print(f"| activation scaling | generator | max \\|dlogp\\| | mean \\|dlogp\\| | k3 KL | mean rollout logp |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for scaling, r in results.items():
-        for name, ms in r["rows"].items():
-            cols = [fmt(mean_interval([m[k] for m in ms])) for k in ("mismatch_max", "mismatch_mean", "mismatch_kl")]
-            print(f"| {scaling} | {name} | {' | '.join(cols)} | {sum(m['logp'] for m in ms) / len(ms):.3f} |")
-    for scaling, r in results.items():
-        print(f"{scaling}: teacher-forced loss {r['teach_loss']:.3f}, vLLM rollout reward {r['reward']:.3f}, "
-              f"{a.seeds} seeds x {PROMPTS * GROUP} rollouts")
+    text = table(results, a.seeds)
+    print(text)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+    if a.docs:
+        command = command_line()
+        if Path(sys.prefix).name == ".venv-vllm":  # the environment it needs, as the user types it
+            command = command.replace("python", ".venv-vllm/bin/python", 1)
+        write_section("rl.md", "rl-generators", text, command=command)
 
 
 if __name__ == "__main__":
