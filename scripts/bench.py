@@ -6,7 +6,12 @@
                                       # share of the full recipe's grouped operands, a plain Triton GEMM vs cuBLAS
     python -m scripts.bench gemm [--quick]                          # fwd+bwd of the GEMMs at model shapes vs bf16
     python -m scripts.bench ops [--iters 50] [--json OUT.json]      # 1024^3 linear per backward mode, public quantize
+    python -m scripts.bench compare --before A*.json --after B*.json  # `ops --json` runs of two trees compared
     python -m scripts.bench warm [--jobs 16]                        # compile the quantizer variants in parallel
+
+With --docs, `quantize`, `kernels`, `gemm`, `ops` and `compare` also write their tables into their sections of
+docs/results/kernels.md and docs/results/speed.md (scripts/results_page.py; the markdown is built by the *_table
+functions below from the measured numbers). `kernels --only epilogue` has no table on a results page.
 
 `quantize` and `kernels` need a CUDA device; `gemm` and `ops` run anywhere (on the CPU as smoke tests), `warm`
 fills Triton's cache on a CUDA device so tests and benchmarks start without compiling kernels one after another.
@@ -25,8 +30,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from scripts import results_page
 from titan_fp4six import (FourOverSixRecipe, four_over_six_grouped_mm, four_over_six_linear,
-                          four_over_six_quantize, tensor_amax)
+                          four_over_six_quantize, quant, tensor_amax)
 from titan_fp4six.numerics import reference
 from titan_fp4six.numerics.spec import NVFP4, NVFP4_STOCHASTIC, OperandSpec, four_over_six_spec
 
@@ -82,6 +88,7 @@ def _bytes_nvfp4(e: int, decode: bool = False) -> int:
 
 
 STOCHASTIC_SEED = 12345  # the stochastic-rounding rows' seed
+KERNELS_PAGE, SPEED_PAGE = "kernels.md", "speed.md"  # the results pages (docs/results/) --docs writes into
 
 
 def _header(rounds: int) -> None:
@@ -102,7 +109,8 @@ QUANTIZE_CASES = (  # (rows, cols, amax mode, block)
 )
 
 
-def quantize_case(rows, cols, mode, block, rep_ms, rounds):
+def quantize_case(rows, cols, mode, block, rep_ms, rounds) -> dict:
+    """One case of QUANTIZE_CASES, printed; returns its figures (ms, bitwise) for `quantize_table`."""
     from titan_fp4six.kernels import amax as kamax
     from titan_fp4six.kernels import quantize as kq
 
@@ -129,11 +137,13 @@ def quantize_case(rows, cols, mode, block, rep_ms, rounds):
           f"NVFP4 {std:6.3f} ms, 4/6 / NVFP4 = {fos / std:4.2f} | fused decode {fused:6.3f} ms "
           f"({copy_d / fused:5.1%} of copy), fused / quantize = {fused / fos:4.2f} | "
           f"amax {t['amax_kernel']:6.3f} ms vs torch {t['amax_torch']:6.3f} ms", flush=True)
+    return {"case": (rows, cols, mode, block), "fos": fos, "copy": copy_q, "ref": ref, "nvfp4": std, "fused": fused,
+            "exact": exact}
 
 
-def exact_path_cost(rep_ms):
+def exact_path_cost(rep_ms) -> tuple[float, float]:
     """The worst case: data outside the fast path's range (an amax so small that every chunk runs the exact
-    arithmetic) against the same tensor's fast path."""
+    arithmetic) against the same tensor's fast path: (exact path ms, fast path ms), printed."""
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(16384, 7168)
@@ -143,14 +153,34 @@ def exact_path_cost(rep_ms):
     slow = _ms(lambda: kq.quantize(x, tiny, OperandSpec()), rep_ms)
     print(f"16384x7168 1x16, every chunk on the exact path (amax 1e-30): {slow:.3f} ms = "
           f"{slow / fast:.1f}x the fast path")
+    return slow, fast
+
+
+def quantize_table(cases: list[dict], exact_path: tuple[float, float] | None = None) -> str:
+    """`quantize`'s figures as the markdown of kernels.md's quantize-rows section: one row per case (quantize_case's
+    dicts: ms of the 4/6 kernel, a copy of its bytes, the reference, the NVFP4 kernel, the fused quantize-decode),
+    then the exact path's cost (exact_path_cost's (exact ms, fast ms))."""
+    lines = ["| case | 4/6 time | % of copy bandwidth | vs reference | NVFP4 kernel | 4/6 / NVFP4 | fused / quantize | "
+             "bitwise |", "|---|---|---|---|---|---|---|---|"]
+    for c in cases:
+        rows, cols, mode, block = c["case"]
+        lines.append(f"| {rows}x{cols} {mode}, {block} | {c['fos']:.3f} ms | {c['copy'] / c['fos']:.1%} | "
+                     f"{c['ref'] / c['fos']:.0f}x | {c['nvfp4']:.3f} ms | {c['fos'] / c['nvfp4']:.2f} | "
+                     f"{c['fused'] / c['fos']:.2f} | {c['exact']} |")
+    if exact_path is not None:
+        slow, fast = exact_path
+        lines += ["", f"16384x7168 1x16 with every chunk on the exact path (amax 1e-30): {slow:.3f} ms, "
+                      f"{slow / fast:.1f}x the fast path."]
+    return "\n".join(lines) + "\n"
 
 
 def cmd_quantize(args):
     _needs_cuda("quantize")
     _header(args.rounds)
-    for case in QUANTIZE_CASES:
-        quantize_case(*case, args.rep_ms, args.rounds)
-    exact_path_cost(args.rep_ms)
+    cases = [quantize_case(*case, args.rep_ms, args.rounds) for case in QUANTIZE_CASES]
+    exact_path = exact_path_cost(args.rep_ms)
+    if args.docs:
+        results_page.write_section(KERNELS_PAGE, "quantize-rows", quantize_table(cases, exact_path))
 
 
 # --- kernels: each operand kernel against a copy of its bytes and the unfused composition it replaces ----------
@@ -165,10 +195,11 @@ def _kernel_row(name, nbytes, t_kernel, t_copy, t_unfused, exact):
           f"| {nbytes / 1e6:.0f} | {exact} |", flush=True)
 
 
-def operand_kernels(m, k, rep_ms, rounds):
+def operand_kernels(m, k, rep_ms, rounds) -> dict:
     """NVFP4 quantize + decode fused; columnwise 4/6 and NVFP4 (x^T read in place) with and without the decode,
     against pad + transpose + contiguous then the row-major kernel; decode and dequantize against the reference;
-    the stochastic-rounding NVFP4 quantizer (rows, columnwise) against the reference with the same Philox bits."""
+    the stochastic-rounding NVFP4 quantizer (rows, columnwise) against the reference with the same Philox bits.
+    Printed; returns {kernel: {"ms", "copy" (ms of a copy of its bytes), "unfused" (ms), "exact"}}."""
     from titan_fp4six.kernels import decode as kd
     from titan_fp4six.kernels import hadamard as kh
     from titan_fp4six.kernels import quantize as kq
@@ -242,6 +273,35 @@ def operand_kernels(m, k, rep_ms, rounds):
     print("|---|---|---|---|---|---|---|")
     for name, label in labels.items():
         _kernel_row(label, sizes[name], t[name], t["copy_" + name], t[name + "_unfused"], exact[name])
+    return {name: {"ms": t[name], "copy": t["copy_" + name], "unfused": t[name + "_unfused"], "exact": exact[name]}
+            for name in labels}
+
+
+def operands_table(by_shape: dict) -> str:
+    """speed.md's kernels-operands section: the full recipe's kernel targets (>= 50% of copy bandwidth) at each shape
+    of `kernels --only operands`, from operand_kernels' results by (m, k)."""
+    shapes = " / ".join(f"{m}x{k}" for m, k in by_shape)
+
+    def pct(name):
+        return " / ".join(f"{100 * r[name]['copy'] / r[name]['ms']:.1f}" for r in by_shape.values()) + "%"
+
+    def ms(name):
+        return " / ".join(f"{r[name]['ms']:.3f}" for r in by_shape.values())
+
+    def met(name):
+        return "yes" if all(r[name]["copy"] / r[name]["ms"] >= 0.5 for r in by_shape.values()) else "no"
+
+    inexact = sorted({name for r in by_shape.values() for name, v in r.items() if not v["exact"]})
+    return "\n".join([
+        "| workload | measured | target | met |", "| --- | --- | --- | --- |",
+        f"| `rht16_columns` (wgrad_rht), % of copy bandwidth at {shapes} | {pct('rht')} | >= 50% | {met('rht')} |",
+        f"| NVFP4 stochastic-rounding quantize, % of copy at {shapes} | {pct('nvsr')} ({ms('nvsr')} ms; round to "
+        f"nearest {ms('nv')}) | >= 50% | {met('nvsr')} |",
+        f"| the same, columnwise (x^T read in place: the wgrad's `Q_col(dy)`) | {pct('colnvsr')} ({ms('colnvsr')} ms); "
+        f"columnwise round to nearest {pct('colnv')} ({ms('colnv')} ms) | >= 50% | {met('colnvsr')} |",
+        "", "Every kernel of the benchmark bitwise equal to its unfused composition or reference: "
+            + (f"no ({', '.join(inexact)})" if inexact else "yes") + ".",
+    ]) + "\n"
 
 
 # Launch shapes (rows of x^T = columns of x per program, blocks per row, chunks per program, warps[, register cap])
@@ -251,11 +311,12 @@ COLUMN_LAUNCHES = ((8, 4, 8, 1), (8, 8, 8, 2), (8, 4, 8, 2), (16, 4, 8, 2), (16,
                    (16, 2, 8, 1), (32, 1, 8, 1), (8, 4, 8, 1, 80), (16, 4, 8, 2, 80), (16, 4, 8, 2, 96))
 
 
-def column_launches(m, k, rep_ms, rounds):
+def column_launches(m, k, rep_ms, rounds) -> str:
     """The columnwise kernels (NVFP4, 4/6 with and without the decode, stochastic NVFP4; x^T read in place) under
     each launch shape of COLUMN_LAUNCHES: time, % of copy, and bytes equal to the shipped launches'. The shape
     each kernel should ship. The last row is each kernel's shipped launch reading one element per access: x's rows
-    at a stride of k + 1 elements (the same values), which the vector loads cannot take."""
+    at a stride of k + 1 elements (the same values), which the vector loads cannot take. Printed; returns the
+    markdown (`columns_table`)."""
     from titan_fp4six.kernels import quantize as kq
 
     x = _bf16_input(m, k)
@@ -289,15 +350,45 @@ def column_launches(m, k, rep_ms, rounds):
     t = _least_of_rounds(fns, rep_ms, rounds)
     want = {name: kq.quantize_columnwise(x, amax, spec, decode, seed=seed)
             for name, (spec, decode, seed, _) in kernels.items()}
-    launches = "; ".join(f"{name} {tuple(shipped(spec, decode))}" for name, (spec, decode, _, _) in kernels.items())
-    print(f"\n{m}x{k} bf16 x, columnwise (x^T, {k}x{np_ // k}); shipped launches: {launches}\n")
-    print("| rows, blocks, chunks, warps[, register cap] | " + " | ".join(f"{name} ms (% of copy)" for name in kernels)
-          + " | bitwise |")
-    print("|---|" + "---|" * len(kernels) + "---|")
-    for launch in COLUMN_LAUNCHES + (element_loads, ):
-        cells = [f"{t[name, launch]:.3f} ({t['copy', name] / t[name, launch]:.1%})" for name in kernels]
-        exact = all(_same(fns[name, launch](), want[name]) for name in kernels)
-        print(f"| {launch} | " + " | ".join(cells) + f" | {exact} |", flush=True)
+    rows = [(launch, {name: (t[name, launch], t["copy", name]) for name in kernels},
+             all(_same(fns[name, launch](), want[name]) for name in kernels))
+            for launch in COLUMN_LAUNCHES + (element_loads, )]
+    table = columns_table(m, k, {name: tuple(shipped(spec, decode)) for name, (spec, decode, _, _) in kernels.items()},
+                          rows)
+    print("\n" + table, flush=True)
+    return table
+
+
+def _launch_label(launch) -> str:
+    """(rows of x^T, blocks, chunks, warps[, register cap]) as kernels.md writes it: "16 x 4, 2, 80 registers"."""
+    if isinstance(launch, str):
+        return launch
+    rows, blocks, chunks, warps, *cap = launch
+    return (f"{rows} x {blocks}, {warps}" + (f", {chunks} chunks" if chunks != 8 else "")
+            + (f", {cap[0]} registers" if cap and cap[0] is not None else ""))
+
+
+def columns_table(m: int, k: int, shipped: dict, rows: list) -> str:
+    """One shape of the columnwise launch sweep as markdown (kernels.md's kernels-columns section): % of copy
+    bandwidth and ms per kernel under each launch, each kernel's shipped launch in bold. shipped: {kernel: launch};
+    rows: [(launch, or a label such as "shipped, element loads", {kernel: (ms, copy ms)}, bitwise)]."""
+    def full(launch):
+        return tuple(launch) + (None, ) * (5 - len(launch)) if not isinstance(launch, str) else launch
+
+    names = list(shipped)
+    lines = [f"{m}x{k} bf16 x, columnwise (x^T, {k}x{-(-m // 16) * 16}); shipped launches in bold: "
+             + "; ".join(f"{name} {_launch_label(full(launch))}" for name, launch in shipped.items()) + ".", "",
+             "| columns x blocks per warp, warps[, register cap] | "
+             + " | ".join(f"{name}: % of copy (ms)" for name in names) + " | bitwise |",
+             "|---|" + "---|" * len(names) + "---|"]
+    for launch, times, exact in rows:
+        cells = []
+        for name in names:
+            ms, copy = times[name]
+            cell = f"{copy / ms:.1%} ({ms:.3f})"
+            cells.append(f"**{cell}**" if full(launch) == full(shipped[name]) else cell)
+        lines.append(f"| {_launch_label(launch)} | " + " | ".join(cells) + f" | {exact} |")
+    return "\n".join(lines) + "\n"
 
 
 def epilogue_and_amax(rep_ms, rounds):
@@ -411,27 +502,50 @@ def _full_recipe_pieces(label, m, k, n, rep_ms, rounds):
     return [(label, name, t[(name, True)], t.get((name, False), 0.0)) for name in dict.fromkeys(n for n, _ in fns)]
 
 
-def prologue_budget(rep_ms, rounds):
+def prologue_operands_table(rows: list) -> str:
+    """speed.md's prologue-operands section: each grouped operand of the full recipe with and without the bf16
+    decode (rows: (GEMM, operand, with ms, without ms), _full_recipe_pieces'), and one layer's sum."""
+    lines = ["| GEMM | operand | with bf16 decode (ms) | without (ms) | decode's share |",
+             "| --- | --- | --- | --- | --- |"]
+    for label, name, with_dec, without in rows:
+        lines.append(f"| {label} | {name} | {with_dec:.3f} | {without:.3f} | {1 - without / with_dec:.0%} |")
+    per_layer = [sum((2 if r[0] == "w1/w3" else 1) * r[i] for r in rows) for i in (2, 3)]
+    lines.append(f"| one layer | w1 and w3 at the first shape, w2 at the second | {per_layer[0]:.3f} | "
+                 f"{per_layer[1]:.3f} | {1 - per_layer[1] / per_layer[0]:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+PROLOGUE_GEMM_HEADER = ("| shape M x K x N | torch.mm (FP32 out) ms | Triton plain GEMM ms (best config) | "
+                        "Triton / torch.mm | torch._grouped_mm ms |\n| --- | --- | --- | --- | --- |")
+
+
+def _prologue_gemm_row(label, m, k, n, t_torch, t_triton, config, t_grouped) -> str:
+    return (f"| {label} {m} x {k} x {n} | {t_torch:.3f} | {t_triton:.3f} {config} | {t_triton / t_torch:.2f}x | "
+            f"{t_grouped:.3f} |")
+
+
+def prologue_gemm_table(gemms: list) -> str:
+    """speed.md's prologue-gemm section: a plain Triton bf16 GEMM against torch.mm and torch._grouped_mm (gemms:
+    (label, m, k, n, torch.mm ms, Triton ms, its config, torch._grouped_mm ms))."""
+    return "\n".join([PROLOGUE_GEMM_HEADER, *(_prologue_gemm_row(*g) for g in gemms)]) + "\n"
+
+
+def prologue_budget(rep_ms, rounds) -> tuple[str, str]:
     """The operand work a decode-in-prologue GEMM removes (the quantizers' bf16 decode writes and the dgrad's
     decode), and the price of leaving cuBLAS/CUTLASS: a plain Triton bf16 GEMM (no decode at all, FP32 output)
-    against torch.mm at the expert GEMMs' sizes, and torch._grouped_mm at the same sizes."""
+    against torch.mm at the expert GEMMs' sizes, and torch._grouped_mm at the same sizes. Printed; returns the two
+    tables' markdown."""
     from scripts.plain_mm import CONFIGS, plain_mm
 
     rows = []
     for label, m, k, n in EXPERT_SHAPES:
         rows += _full_recipe_pieces(label, m, k, n, rep_ms, rounds)
     print("\nFull 4/6 recipe, grouped GEMM operands at Qwen3-30B-A3B expert shapes (128 experts, 65536 routed rows)\n")
-    print("| GEMM | operand | with bf16 decode (ms) | without (ms) | decode's share |")
-    print("| --- | --- | --- | --- | --- |")
-    for label, name, with_dec, without in rows:
-        print(f"| {label} | {name} | {with_dec:.3f} | {without:.3f} | {1 - without / with_dec:.0%} |")
-    per_layer = [sum((2 if r[0] == "w1/w3" else 1) * r[i] for r in rows) for i in (2, 3)]
-    print(f"| one layer | w1 and w3 at the first shape, w2 at the second | {per_layer[0]:.3f} | {per_layer[1]:.3f} | "
-          f"{1 - per_layer[1] / per_layer[0]:.0%} |")
+    operands = prologue_operands_table(rows)
+    print(operands, end="")
     print("\nbf16 GEMMs, FP32 accumulation\n")
-    print("| shape M x K x N | torch.mm (FP32 out) ms | Triton plain GEMM ms (best config) | Triton / torch.mm | "
-          "torch._grouped_mm ms |")
-    print("| --- | --- | --- | --- | --- |")
+    print(PROLOGUE_GEMM_HEADER)
+    gemms = []
     gen = torch.Generator().manual_seed(0)
     for label, m, k, n in EXPERT_SHAPES:
         a, w = _bf16_input(m, k), _bf16_input(n, k)
@@ -443,23 +557,38 @@ def prologue_budget(rep_ms, rounds):
         want = torch.mm(a, w.t(), out_dtype=torch.float32)
         best = min((min(_ms(lambda c=cfg: plain_mm(a, w, *c), rep_ms) for _ in range(rounds)), cfg)
                    for cfg in CONFIGS if torch.allclose(plain_mm(a, w, *cfg), want, rtol=1e-3, atol=1e-3))
-        print(f"| {label} {m} x {k} x {n} | {t_torch:.3f} | {best[0]:.3f} {best[1]} | {best[0] / t_torch:.2f}x | "
-              f"{t_grouped:.3f} |", flush=True)
+        gemms.append((label, m, k, n, t_torch, best[0], best[1], t_grouped))
+        print(_prologue_gemm_row(*gemms[-1]), flush=True)
+    return operands, prologue_gemm_table(gemms)
+
+
+KERNELS_DOCS = {  # `kernels --only X --docs`: the (page, section) of each table X measures (None: no --only)
+    None: ((SPEED_PAGE, "kernels-operands"), ),
+    "operands": ((SPEED_PAGE, "kernels-operands"), ),
+    "epilogue": (),  # quoted in prose only (speed.md, kernels.md), no table
+    "columns": ((KERNELS_PAGE, "kernels-columns"), ),
+    "prologue": ((SPEED_PAGE, "prologue-operands"), (SPEED_PAGE, "prologue-gemm")),
+}
 
 
 def cmd_kernels(args):
+    if args.docs and not KERNELS_DOCS[args.only]:
+        raise SystemExit(f"scripts.bench kernels --only {args.only}: no results page has its table; drop --docs")
     _needs_cuda("kernels")
     _header(args.rounds)
+    tables = {}
     if args.only in (None, "operands"):
-        for m, k in KERNEL_SHAPES:
-            operand_kernels(m, k, args.rep_ms, args.rounds)
+        tables["kernels-operands"] = operands_table(
+            {(m, k): operand_kernels(m, k, args.rep_ms, args.rounds) for m, k in KERNEL_SHAPES})
     if args.only in (None, "epilogue"):
         epilogue_and_amax(args.rep_ms, args.rounds)
     if args.only == "columns":
-        for m, k in KERNEL_SHAPES:
-            column_launches(m, k, args.rep_ms, args.rounds)
+        tables["kernels-columns"] = "\n".join(column_launches(m, k, args.rep_ms, args.rounds) for m, k in KERNEL_SHAPES)
     if args.only == "prologue":
-        prologue_budget(args.rep_ms, args.rounds)
+        tables["prologue-operands"], tables["prologue-gemm"] = prologue_budget(args.rep_ms, args.rounds)
+    if args.docs:
+        for page, name in KERNELS_DOCS[args.only]:
+            results_page.write_section(page, name, tables[name])
 
 
 # --- host and GPU time of whole op calls (gemm, ops) ----------------------------------------------------------
@@ -554,25 +683,29 @@ def cmd_gemm(args):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator().manual_seed(0)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"device {name}, torch {torch.__version__}, GEMM backend: "
-          f"{'Blackwell NVFP4' if backends_for('auto', 'auto', device).fp4 else 'emulated (bf16 decode, FP32 accumulation)'}, "
-          f"bf16 decode for emulation {not backends_for('auto', 'auto', device).fp4}; fwd+bwd ms, mean of {args.iters} after "
-          f"{args.warmup} warm-up")
+    fp4 = backends_for("auto", "auto", device).fp4
+    backend = "Blackwell NVFP4" if fp4 else "emulated (bf16 decode, FP32 accumulation)"
+    print(f"device {name}, torch {torch.__version__}, GEMM backend: {backend}, bf16 decode for emulation {not fp4}; "
+          f"fwd+bwd ms, mean of {args.iters} after {args.warmup} warm-up")
     print(f"{'shape':40s} {'op':36s} {'ms':>9s} {'x bf16':>7s} {'syncs':>6s}  (host syncs per fwd+bwd, GPU)")
+    shapes = []  # gemm_table's rows
 
-    def line(label, op, step, base=None) -> float:
+    def line(label, op, step, base=None) -> tuple[float, int]:
         ms = gpu_ms(step, args.iters, args.warmup)
-        print(f"{label:40s} {op:36s} {ms:9.3f} {ms / (base or ms):7.2f} {_host_syncs(step):6d}")
-        return ms
+        syncs = _host_syncs(step)
+        print(f"{label:40s} {op:36s} {ms:9.3f} {ms / (base or ms):7.2f} {syncs:6d}")
+        return ms, syncs
 
     for label, m, k, n in QUICK_DENSE if args.quick else DENSE:
         x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16).requires_grad_()
         w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
-        base = line(label, "bf16 F.linear", _fwd_bwd(lambda: F.linear(x, w), (x, w), dy))
+        shapes.append({"shape": f"{label}, {m} tokens",
+                       "bf16": line(label, "bf16 F.linear", _fwd_bwd(lambda: F.linear(x, w), (x, w), dy))})
+        base = shapes[-1]["bf16"][0]
         for mode, recipe in GEMM_MODES.items():
-            line("", "4/6 linear " + mode, _fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy),
-                 base)
+            shapes[-1][mode] = line("", "4/6 linear " + mode, _fwd_bwd(
+                lambda: four_over_six_linear(x, w, recipe=recipe), (x, w), dy), base)
         del x, w, dy
 
     for label, m, k, n, e in QUICK_GROUPED if args.quick else GROUPED:
@@ -580,12 +713,34 @@ def cmd_gemm(args):
         w = (torch.randn(e, n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16).requires_grad_()
         dy = torch.randn(m, n, generator=gen).to(device, torch.bfloat16)
         offs = _offsets(m, e, device, gen)
-        base = line(label, "bf16 torch._grouped_mm",
-                    _fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy))
+        shapes.append({"shape": f"{label}, {m} rows", "bf16": line(
+            label, "bf16 torch._grouped_mm",
+            _fwd_bwd(lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs), (a, w), dy))})
+        base = shapes[-1]["bf16"][0]
         for mode, recipe in GEMM_MODES.items():
-            line("", "4/6 grouped " + mode, _fwd_bwd(
+            shapes[-1][mode] = line("", "4/6 grouped " + mode, _fwd_bwd(
                 lambda: four_over_six_grouped_mm(a, w.transpose(-2, -1), offs, recipe=recipe), (a, w), dy), base)
         del a, w, dy
+    if args.docs:
+        note = (f"{name}, GEMM backend: {backend}; fwd+bwd, mean of {args.iters} after {args.warmup} warm-up; "
+                "ratio to the bf16 op in the same run; host syncs per fwd+bwd (torch's sync debug mode, GPU only) "
+                "where any.")
+        results_page.write_section(SPEED_PAGE, "gemm", gemm_table(shapes) + "\n" + note + "\n")
+
+
+def gemm_table(shapes: list[dict]) -> str:
+    """`gemm`'s figures as the markdown of speed.md's gemm section. shapes: one dict per shape, "shape" its label,
+    "bf16" and each mode of GEMM_MODES (ms, host syncs) of its fwd+bwd."""
+    def cell(ms, syncs, base):
+        return f"{ms / base:.1f}x" + (f" ({syncs} syncs)" if syncs else "")
+
+    lines = ["| shape | bf16 ms | " + " | ".join("4/6 " + mode for mode in GEMM_MODES) + " |",
+             "| --- | --- |" + " --- |" * len(GEMM_MODES)]
+    for row in shapes:
+        base, syncs = row["bf16"]
+        lines.append(f"| {row['shape']} | {base:.3f}" + (f" ({syncs} syncs)" if syncs else "") + " | "
+                     + " | ".join(cell(*row[mode], base) if mode in row else "-" for mode in GEMM_MODES) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # --- ops: the performance table's op rows --------------------------------------------------------------------
@@ -620,6 +775,7 @@ def cmd_ops(args):
     dy = torch.randn(n, n, generator=gen).to(device, torch.bfloat16)
 
     bf16 = _fwd_bwd(lambda: F.linear(x, w), (x, w), dy)
+    cache = {}  # cache_weights_table's {mode: (ms, ms with the weight cached)}
     base = gpu_ms(bf16, args.iters)
     row(f"{n}^3 linear fwd+bwd bf16 (ms)", base, "ms", 1.0)
     row(f"{n}^3 linear fwd+bwd bf16 host (us)", host_us(bf16, args.iters), "us")
@@ -633,6 +789,7 @@ def cmd_ops(args):
         cached = gpu_ms(_fwd_bwd(lambda: four_over_six_linear(x, w, recipe=recipe, quantized_weight=qw), (x, w), dy),
                         args.iters)
         row(f"{n}^3 linear fwd+bwd 4/6 {mode}, weight cached (ms)", cached, "ms", cached / base)
+        cache[mode] = ms, cached
 
     small = torch.randn(1024, 1024, generator=gen).to(device, torch.bfloat16)
     small_amax = tensor_amax(small)
@@ -652,6 +809,63 @@ def cmd_ops(args):
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}, f,
                       indent=1)
+    if args.docs:
+        results_page.write_section(SPEED_PAGE, "ops-cache-weights", cache_weights_table(n, cache))
+
+
+def cache_weights_table(n: int, cache: dict) -> str:
+    """speed.md's ops-cache-weights section: the n^3 linear's fwd+bwd per backward mode with the weight quantized in
+    the forward and cached (cache: {mode: (ms, cached ms)}, from `ops`)."""
+    modes = [mode for mode in BACKWARD_MODES if mode in cache]
+    return "\n".join([
+        f"| {n}^3 fwd+bwd | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes),
+        "| weight quantized in the forward | " + " | ".join(f"{cache[mode][0]:.3f} ms" for mode in modes) + " |",
+        "| weight cached (a micro-batch after the first) | "
+        + " | ".join(f"{cached:.3f} ms ({cached / ms - 1:+.0%})" for ms, cached in map(cache.get, modes)) + " |",
+    ]) + "\n"
+
+
+# --- compare: `ops --json` runs of two trees (the least and range of each row) --------------------------------
+
+def compare_table(before: list[dict], after: list[dict]) -> str:
+    """Each row of `ops --json` files (the runs of one tree before, of another after, alternated on one machine):
+    the least value and the range over each tree's runs, and after / before of the leasts (speed.md's
+    ops-compare section). A row only one side has shows "-" for the other."""
+    def values(runs):
+        out = {}
+        for run in runs:
+            for r in run["rows"]:
+                out.setdefault(r["name"], (r["unit"], []))[1].append(r["value"])
+        return out
+
+    def cell(side, name):
+        if name not in side:
+            return "-"
+        unit, v = side[name]
+        fmt = ".0f" if unit == "us" else ".3f"
+        return f"{min(v):{fmt}} ({min(v):{fmt}}-{max(v):{fmt}})"
+
+    b, a = values(before), values(after)
+    lines = [f"| row | before: least (range), {len(before)} runs | after: least (range), {len(after)} runs | "
+             "after / before (least) |", "| --- | --- | --- | --- |"]
+    for name in dict.fromkeys([*a, *b]):
+        ratio = f"{min(a[name][1]) / min(b[name][1]):.2f}" if name in a and name in b else "-"
+        lines.append(f"| {name} | {cell(b, name)} | {cell(a, name)} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(args):
+    def load(paths):
+        runs = []
+        for path in paths:
+            with open(path) as f:
+                runs.append(json.load(f))
+        return runs
+
+    table = compare_table(load(args.before), load(args.after))
+    print(table, end="")
+    if args.docs:
+        results_page.write_section(SPEED_PAGE, "ops-compare", table)
 
 
 # --- warm: compile the quantizer variants that tests, benchmarks and training launch, in parallel --------------
@@ -719,6 +933,7 @@ def main(argv=None) -> None:
         s = sub.add_parser(name, help=what)
         s.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per measurement")
         s.add_argument("--rounds", type=int, default=3, help="rounds per case; each time is the least median")
+        s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
         s.set_defaults(run=fn)
     sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns", "prologue"),
                                         help="one part of the benchmark (columns: the columnwise launch sweep; "
@@ -728,12 +943,19 @@ def main(argv=None) -> None:
     s.add_argument("--iters", type=int, default=5)
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--quick", action="store_true", help="tiny shapes (smoke test on any device)")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s.set_defaults(run=cmd_gemm)
     s = sub.add_parser("ops", help="the performance table's op rows")
     s.add_argument("--iters", type=int, default=50)
     s.add_argument("--size", type=int, default=1024, help="M = K = N of the linear (small for a CPU smoke test)")
     s.add_argument("--json", help="also write the rows here")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s.set_defaults(run=cmd_ops)
+    s = sub.add_parser("compare", help="`ops --json` files of two trees: each row's least and range, after / before")
+    s.add_argument("--before", nargs="+", required=True, metavar="JSON", help="`ops --json` files of the first tree")
+    s.add_argument("--after", nargs="+", required=True, metavar="JSON", help="`ops --json` files of the second tree")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
+    s.set_defaults(run=cmd_compare)
     s = sub.add_parser("warm", help="compile the quantizer variants in parallel processes")
     s.add_argument("--jobs", type=int, default=16)
     s.set_defaults(run=cmd_warm)
