@@ -5,8 +5,14 @@
     python -m scripts.runs perf OUT [kernels ops debug 30b profiles]     # docs/results/speed.md's table, then `table`
     python -m scripts.runs table OUT                                      # the table from what OUT holds
     python -m scripts.runs parity --global-batch 8 --out OUT -- --job.config_file CONFIG.toml ...
+    python -m scripts.runs parity-table OUT ...                          # the table of one or more `parity` runs
+    python -m scripts.runs compare-profiles TWIN.profile.json RECIPE.profile.json   # kernel time by kind, side by side
     python -m scripts.runs compile-parity OUT
     python -m scripts.runs rl-signal --mode grpo
+
+With --docs, a command writes its table into its section of a results page (scripts/results_page.py): `table`
+and `perf` the first tables of docs/results/speed.md, `throughput`, `compare-profiles` and `project` the later
+sections of speed.md they name, `parity-table` docs/results/parity.md's, `compile-parity` docs/results/compile.md's.
 
 Every training is `python -m titan_fp4six.train` in a subprocess, started by the package's one launcher
 (titan_fp4six/integration/launch.py, as `python -m titan_fp4six.compare` starts its runs): the trainer users run
@@ -31,12 +37,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts import results_page
 from titan_fp4six.compare.runs import parse_steps
 from titan_fp4six.integration.launch import run_training, start_training, stop, training_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DS = "configs/deepseek_v3_debugmodel"
 QW = "configs/qwen3_moe_debug"
+SPEED, PARITY_PAGE, COMPILE = "speed.md", "parity.md", "compile.md"  # the results pages in docs/results/
 
 
 @dataclass
@@ -85,6 +93,7 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> int:
 # --- throughput: tokens/s and peak memory of bf16 vs 4/6 recipes, eager and compiled, as ratios ----------------
 
 MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
+THROUGHPUT_SECTIONS = ("full-vs-nearest", "full-vs-bf16")  # speed.md's sections of a `throughput` table
 
 
 def steady_state(rows: list[dict], warmup: int) -> dict:
@@ -159,7 +168,8 @@ def cmd_throughput(args, common):
     largest per-step peak of reserved memory. Ratios are to the first --run in the same mode and to its eager
     run, all from this invocation. --repeat N trains the list N times over, in turn (bf16, 4/6, bf16, ...): a
     host-bound run's speed varies from process to process, so a run's tps is the median of its trials and
-    "vs first same mode" the median (range) of the ratios of trials run back to back."""
+    "vs first same mode" the median (range) of the ratios of trials run back to back. --docs SECTION writes the
+    table into that section of docs/results/speed.md."""
     args.out.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
     if set(modes) - set(MODES) or not args.run:
@@ -190,6 +200,8 @@ def cmd_throughput(args, common):
     md = throughput_table(results)
     print(md)
     (args.out / "throughput.md").write_text(md + "\n")
+    if args.docs:
+        results_page.write_section(SPEED, args.docs, md)
 
 
 # --- profile: one profiled training step per recipe, where its time goes ----------------------------------------
@@ -304,13 +316,69 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
     }
 
 
+def top_kernels_table(top: list[dict]) -> str:
+    """Markdown: a profiled step's kernels by total time (profile_step's "top")."""
+    return "\n".join(["| kernel | count | ms |", "| --- | --- | --- |",
+                      *(f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in top)])
+
+
+def profile_summary_table(profiles: dict[str, dict]) -> str:
+    """Markdown: one row per profiled step (label -> profile_step's summary): wall, GPU busy, kernels, kernel time,
+    and the quantize kernels' time (launches)."""
+    lines = ["| step | wall | GPU busy | kernels | kernel time | quantize kernel |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for label, s in profiles.items():
+        q = s.get("kinds", {}).get("quantize")
+        quantize = f"{q['ms']:.1f} ms ({q['count']})" if q else ""
+        lines.append(f"| {label} | {s['wall_ms']:.1f} ms | {s['gpu_busy']:.0%} | {s['kernels']:,} | "
+                     f"{s['kernel_ms']:.1f} ms | {quantize} |")
+    return "\n".join(lines)
+
+
+def _signed(x: float) -> str:
+    return "0" if round(x, 1) == 0 else f"{x:+.1f}"
+
+
+def kinds_table(twin: dict, recipe: dict, labels: tuple[str, str] = ("bf16 twin", "4/6 recipe")) -> str:
+    """Markdown: two profiled steps (profile_step's summaries) side by side, kernel time (kernels) by kind, the
+    recipe's extra ms, largest first, and a last row of wall, kernel time, GPU busy and kernel count."""
+    a, b = twin.get("kinds", {}), recipe.get("kinds", {})
+    kinds = sorted({*a, *b}, key=lambda k: (-max(a.get(k, {}).get("ms", 0.0), b.get(k, {}).get("ms", 0.0)), k))
+
+    def cell(v):
+        return f"{v['ms']:.1f} ({v['count']:,})" if v else ""
+
+    def step(s):
+        return (f"**{s['wall_ms']:.1f} ms wall, {s['kernel_ms']:.1f} ms kernels, {s['gpu_busy']:.0%} GPU busy, "
+                f"{s['kernels']:,} kernels**")
+
+    lines = [f"| kernel kind | {labels[0]}: ms (kernels) | {labels[1]}: ms (kernels) | extra ms |",
+             "| --- | --- | --- | --- |"]
+    for k in kinds:
+        extra = b.get(k, {}).get("ms", 0.0) - a.get(k, {}).get("ms", 0.0)
+        lines.append(f"| {k} | {cell(a.get(k))} | {cell(b.get(k))} | {_signed(extra)} |")
+    lines.append(f"| **step** | {step(twin)} | {step(recipe)} | "
+                 f"**{_signed(recipe['kernel_ms'] - twin['kernel_ms'])} ms kernels** |")
+    return "\n".join(lines)
+
+
+def launched_by_table(s: dict) -> str:
+    """Markdown: a profiled step's kernel time by the plugin op whose host range launched it (calls), by kind."""
+    lines = ["| kernels launched by | ms by kind |", "| --- | --- |"]
+    for op, kinds in sorted(s.get("kernel_ms_by_op", {}).items(), key=lambda kv: -sum(kv[1].values())):
+        calls = s.get("host_ops", {}).get(op, {}).get("calls")
+        name = (f"`{op}`" if op.startswith("titan_fp4six::") else op) + (f" ({calls} calls)" if calls else "")
+        lines.append(f"| {name} | " + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items())
+                     + f" ({sum(kinds.values()):.1f} ms) |")
+    return "\n".join(lines)
+
+
 def profile_markdown(s: dict, label: str) -> str:
     lines = [f"**{label}** ({s['step']}): wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy']:.0%}, "
              f"{s['kernels']} kernels, kernel time {s['kernel_ms']:.1f} ms", "",
              "| kernel kind | count | ms |", "| --- | --- | --- |"]
     lines += [f"| {kind} | {v['count']} | {v['ms']:.2f} |" for kind, v in s.get("kinds", {}).items()]
-    lines += ["", "| kernel | count | ms |", "| --- | --- | --- |"]
-    lines += [f"| `{t['name']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top"]]
+    lines += ["", top_kernels_table(s["top"])]
     if s.get("kernel_ms_by_op"):
         lines += ["", "| kernels launched by | ms by kind |", "| --- | --- |"]
         lines += [f"| `{op}` | " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + " |"
@@ -349,6 +417,29 @@ def cmd_profile(args, common):
         print(md)
         (args.out / f"{name}.profile.md").write_text(md + "\n")
         (args.out / f"{name}.profile.json").write_text(json.dumps(s, indent=1))
+
+
+# --- compare-profiles: two profiled steps side by side ------------------------------------------------------------
+
+# speed.md's sections written by `compare-profiles --docs KEY`: the kinds table, then (full) the recipe's by op
+PROFILE_SECTIONS = {"full": ("full-kinds", "full-by-op"), "compiled": ("compiled-kinds",)}
+
+
+def _profile_label(path: Path) -> str:
+    return path.name.removesuffix(".json").removesuffix(".profile")
+
+
+def cmd_compare_profiles(args, common):
+    """Two profiles of `profile` (the bf16 twin's .profile.json, then the recipe's) side by side: kernel time and
+    kernels by kind and the recipe's extra ms, then the recipe's kernel time by the plugin op that launched it.
+    --docs full writes both tables into docs/results/speed.md's sections of the full recipe's step, --docs
+    compiled the first into the compiled experts recipe's."""
+    twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
+    labels = tuple(args.labels) if args.labels else (_profile_label(args.twin), _profile_label(args.recipe))
+    tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe)}
+    print(tables["kinds"] + "\n\n" + tables["by-op"])
+    for name in PROFILE_SECTIONS.get(args.docs, ()):
+        results_page.write_section(SPEED, name, tables["by-op" if name.endswith("-by-op") else "kinds"])
 
 
 # --- project: a profiled Hopper step projected onto Blackwell (B200) --------------------------------------------
@@ -394,10 +485,9 @@ def project_step(kernel_ms_by_op: dict) -> dict:
     return out
 
 
-def cmd_project(args, common):
-    """Projects two profiles of `profile` (the bf16 twin's, then the 4/6 recipe's .profile.json) onto a B200 by
-    project_step and prints a table of kernel ms by kind: H200 measured, B200 projected, for both."""
-    twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
+def projection_table(twin: dict, recipe: dict) -> str:
+    """Markdown: kernel ms by kind of two profiled steps (the bf16 twin's, the 4/6 recipe's), H200 measured and
+    B200 projected by project_step, and the 4/6 / bf16 speed ratio of both."""
     rows = {}
     for label, prof in (("bf16", twin), ("4/6", recipe)):
         measured: dict[str, float] = {}
@@ -415,7 +505,18 @@ def cmd_project(args, common):
     lines.append("| **kernel time** | " + " | ".join(f"**{t:.1f}**" for t in totals) + " |")
     lines.append(f"\n4/6 / bf16 speed (kernel time): H200 {totals[0] / totals[2]:.2f}x measured, B200 "
                  f"{totals[1] / totals[3]:.2f}x projected")
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def cmd_project(args, common):
+    """Projects two profiles of `profile` (the bf16 twin's, then the 4/6 recipe's .profile.json) onto a B200 by
+    project_step and prints a table of kernel ms by kind: H200 measured, B200 projected, for both (--docs: into
+    docs/results/speed.md's section)."""
+    twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
+    md = projection_table(twin, recipe)
+    print(md)
+    if args.docs:
+        results_page.write_section(SPEED, "b200-projection", md)
 
 
 # --- perf and table: docs/results/speed.md's table in one sitting on one GPU ----------------------------------
@@ -444,7 +545,7 @@ def cmd_perf(args, common):
     over), 30b (the Qwen3-30B-A3B-shaped 4-layer flavor, experts 4/6 vs bf16, eager and with --compiled
     compiled), profiles (one profiled step of the DeepSeek-V3 all-Linears and Qwen3 4/6 recipes; with
     --profile-twins their bf16 twins too). About 18 minutes on an H200: where a call may run 10 minutes, run
-    `kernels ops debug` then `30b profiles` with the same OUT."""
+    `kernels ops debug` then `30b profiles` with the same OUT. --docs: as `table --docs`, after the parts."""
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     parts = args.parts or PERF_PARTS
@@ -586,13 +687,31 @@ def plot_table(bars: list, path: Path) -> None:
     plt.close(fig)
 
 
+def speed_sections(out: Path) -> dict[str, str]:
+    """docs/results/speed.md's sections a `perf` output directory fills: the table (build_table), and with its
+    profiles part a row per profiled step and the DeepSeek-V3 4/6 step's top kernels."""
+    sections = {"targets": build_table(out)[0]}
+    profiles = {p.name.removesuffix(".profile.json"): json.loads(p.read_text())
+                for p in sorted((out / "profiles").glob("*.profile.json"))}
+    if profiles:
+        sections["debug-profiles"] = profile_summary_table(profiles)
+    deepseek = profiles.get(Path(f"{DS}_nvfp4_four_over_six_all_linears.toml").stem)
+    if deepseek:
+        sections["debug-top-kernels"] = top_kernels_table(deepseek["top"])
+    return sections
+
+
 def cmd_table(args, common):
     """docs/results/speed.md's table from a `perf` output directory: each ratio against the bf16 twin measured in
-    the same invocation; rows whose part was not run say so."""
+    the same invocation; rows whose part was not run say so. --docs writes it, and the profiled steps of the
+    profiles part, into their sections of speed.md (speed_sections)."""
     args.out.mkdir(parents=True, exist_ok=True)
     md, bars = build_table(args.out)
     print(md)
     (args.out / "table.md").write_text(md + "\n")
+    if args.docs:
+        for name, table in speed_sections(args.out).items():
+            results_page.write_section(SPEED, name, table)
     try:
         plot_table(bars, args.out / "table.png")
     except ImportError:
@@ -685,26 +804,74 @@ def compare_processes(args: list[str], parallel_args: list[str], *, nproc: int, 
     return Comparison(losses(one), losses(many), weight_drift(*final, model_weights(seed)))
 
 
+def parity_rows(losses_1: dict[int, float], losses_n: dict[int, float], nproc: int) -> list[dict]:
+    """Per step: both losses, their absolute and relative difference (NaN where the N-process run has no step)."""
+    rows = []
+    for step in sorted(losses_1):
+        a, b = losses_1[step], losses_n.get(step, float("nan"))
+        rows.append({"step": step, "loss_1": a, f"loss_{nproc}": b, "abs_diff": abs(a - b),
+                     "rel_diff": abs(a - b) / abs(a)})
+    return rows
+
+
+def _default_label(common: list[str], parallel: list[str], nproc: int) -> str:
+    config = next((b for a, b in zip(common, common[1:]) if a == "--job.config_file"), "the recipe")
+    return f"{Path(config).stem}, {nproc} processes: {' '.join(parallel)}"
+
+
 def cmd_parity(args, common):
     """Prints one line per step and how far apart the final weights ended relative to how far they moved
-    (||W_1 - W_N|| / ||W_1 - W_init||); writes OUT/losses.json. --parallel-args are added to the N-process run
-    only (default `--parallelism.data_parallel_shard_degree N`). tests/test_distributed_parity.py drives the same
-    functions on the CPU."""
+    (||W_1 - W_N|| / ||W_1 - W_init||); writes OUT/losses.json (with --label, the run's name in `parity-table`).
+    --parallel-args are added to the N-process run only (default `--parallelism.data_parallel_shard_degree N`).
+    tests/test_distributed_parity.py drives the same functions on the CPU."""
     parallel = (args.parallel_args.split() if args.parallel_args is not None
                 else ["--parallelism.data_parallel_shard_degree", str(args.nproc)])
     result = compare_processes(common, parallel, nproc=args.nproc, global_batch=args.global_batch, steps=args.steps,
                                out=args.out)
-    rows = []
-    for step in sorted(result.losses_1):
-        a, b = result.losses_1[step], result.losses_n.get(step, float("nan"))
-        rows.append({"step": step, "loss_1": a, f"loss_{args.nproc}": b, "abs_diff": abs(a - b),
-                     "rel_diff": abs(a - b) / abs(a)})
-        print(f"step {step:3d}  1 proc {a:.5f}  {args.nproc} procs {b:.5f}  |diff| {abs(a - b):.5f}  "
-              f"rel {abs(a - b) / abs(a):.2e}")
+    rows = parity_rows(result.losses_1, result.losses_n, args.nproc)
+    for r in rows:
+        a, b = r["loss_1"], r[f"loss_{args.nproc}"]
+        print(f"step {r['step']:3d}  1 proc {a:.5f}  {args.nproc} procs {b:.5f}  |diff| {r['abs_diff']:.5f}  "
+              f"rel {r['rel_diff']:.2e}")
     worst = max(rows, key=lambda r: r["rel_diff"])
     print(f"max rel diff {worst['rel_diff']:.2e} at step {worst['step']}; final weights: "
           f"||W_1 - W_{args.nproc}|| / ||W_1 - W_init|| = {result.drift:.2e}")
-    (args.out / "losses.json").write_text(json.dumps({"steps": rows, "weight_drift": result.drift}, indent=1))
+    label = args.label or _default_label(common, parallel, args.nproc)
+    (args.out / "losses.json").write_text(json.dumps({"label": label, "nproc": args.nproc, "steps": rows,
+                                                      "weight_drift": result.drift}, indent=1))
+
+
+# parity.md's sections written by `parity-table --docs NAME`
+PARITY_SECTIONS = ("two-h200", "cpu-gloo")
+
+
+def parity_table(results: list[dict], first: int = 10) -> str:
+    """Markdown: one row per `parity` run (its losses.json: label, steps, weight_drift): the largest relative loss
+    difference |L_1 - L_N| / L_1 over the first `first` steps and over all, and the final weights' drift."""
+    lines = [f"| run | steps | max relative loss difference, steps 1-{first} | max over all steps (step) | "
+             "final weights drift |", "| --- | --- | --- | --- | --- |"]
+    for r in results:
+        steps = r["steps"]
+        early = max((s["rel_diff"] for s in steps if s["step"] <= first), default=float("nan"))
+        worst = max(steps, key=lambda s: s["rel_diff"])
+        lines.append(f"| {r.get('label', '-')} | {len(steps)} | {early:.1e} | {worst['rel_diff']:.1e} "
+                     f"({worst['step']}) | {r['weight_drift']:.2g} |")
+    return "\n".join(lines)
+
+
+def cmd_parity_table(args, common):
+    """The table of one or more `parity` output directories (their losses.json), in the order given; --docs NAME
+    writes it into that section of docs/results/parity.md."""
+    results = []
+    for out in args.outs:
+        path = out / "losses.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} does not exist: run `python -m scripts.runs parity --out {out} ...` first")
+        results.append(json.loads(path.read_text()))
+    md = parity_table(results)
+    print(md)
+    if args.docs:
+        results_page.write_section(PARITY_PAGE, args.docs, md)
 
 
 # --- compile-parity: eager vs torch.compile training, against the same for bf16 and an eager repeat ------------
@@ -713,7 +880,8 @@ def cmd_compile_parity(args, common):
     """The DeepSeek-V3 debugmodel, 4/6 all Linears (eager, an eager repeat, compiled) and bf16 (eager, compiled),
     side by side on one GPU: does the converted model compile and train, and how far do compiled losses move from
     eager ones, against bf16 (where only Inductor's fusions of the unquantized ops move them) and against a repeat
-    of the eager run (GPU atomics in the MoE scatter/gather backward)?"""
+    of the eager run (GPU atomics in the MoE scatter/gather backward)? Prints compile_parity_table; --docs writes
+    it into docs/results/compile.md's section."""
     args.out.mkdir(parents=True, exist_ok=True)
     common = ["--training.steps", str(args.steps), "--metrics.log_freq", "1", "--training.seq_len", "512",
               "--training.local_batch_size", "4", "--lr_scheduler.warmup_steps", "2", "--debug.seed", "0",
@@ -733,6 +901,38 @@ def cmd_compile_parity(args, common):
         d = [abs(x - y) for x, y in zip(loss[a], loss[b])]
         print(f"{a} vs {b}: steps {len(d)}, identical {sum(x == 0 for x in d)}, "
               f"max |dloss| {max(d) if d else float('nan'):.6f}")
+    md = compile_parity_table(loss)
+    print(md)
+    if args.docs:
+        results_page.write_section(COMPILE, "compile-vs-eager", md)
+
+
+def compile_parity_table(loss: dict[str, list[float]]) -> str:
+    """Markdown: per step (steps 1, 2, ...: every step is logged), the 4/6 model's eager and compiled losses and
+    their absolute difference, the eager repeat's difference to the eager run, the same for the bf16 twin, then
+    the largest differences over all steps (a run that failed or stopped early counts to its last step)."""
+    def diffs(a, b):
+        return [abs(x - y) for x, y in zip(loss.get(a, []), loss.get(b, []))]
+
+    def num(values, i, fmt):
+        return format(values[i], fmt) if i < len(values) else ""
+
+    def diff(d):
+        return "0" if d == 0 else f"{d:.1e}"
+
+    pairs = {"4/6": diffs("nvfp4_eager", "nvfp4_compile"), "repeat": diffs("nvfp4_eager", "nvfp4_eager_repeat"),
+             "bf16": diffs("bf16_eager", "bf16_compile")}
+    lines = ["| step | 4/6 eager | 4/6 compiled | abs diff | 4/6 eager repeat: abs diff to eager | bf16 eager | "
+             "bf16 compiled | abs diff |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for i in range(max(map(len, loss.values()), default=0)):
+        cells = [num(loss.get("nvfp4_eager", []), i, ".5f"), num(loss.get("nvfp4_compile", []), i, ".5f"),
+                 *(diff(pairs[k][i]) if i < len(pairs[k]) else "" for k in ("4/6", "repeat")),
+                 num(loss.get("bf16_eager", []), i, ".5f"), num(loss.get("bf16_compile", []), i, ".5f"),
+                 diff(pairs["bf16"][i]) if i < len(pairs["bf16"]) else ""]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    worst = {k: diff(max(d)) if d else "" for k, d in pairs.items()}
+    lines.append(f"| **largest** | | | {worst['4/6']} | {worst['repeat']} | | | {worst['bf16']} |")
+    return "\n".join(lines)
 
 
 # --- rl-signal: is the copy task learnable from its reward? --------------------------------------------------
@@ -804,6 +1004,14 @@ def parser() -> argparse.ArgumentParser:
     s = add("project", cmd_project, "two profiles (bf16 twin, 4/6 recipe) projected onto a B200")
     s.add_argument("twin", type=Path, help="the bf16 twin's .profile.json")
     s.add_argument("recipe", type=Path, help="the 4/6 recipe's .profile.json")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
+    s = add("compare-profiles", cmd_compare_profiles, "two profiles (bf16 twin, recipe): kernel time by kind and op")
+    s.add_argument("twin", type=Path, help="the bf16 twin's .profile.json")
+    s.add_argument("recipe", type=Path, help="the recipe's .profile.json")
+    s.add_argument("--labels", nargs=2, metavar=("TWIN", "RECIPE"), help="column names (default: the file names)")
+    s.add_argument("--docs", choices=sorted(PROFILE_SECTIONS), default=None,
+                   help=f"{results_page.DOCS_HELP} (speed.md's sections: "
+                   + "; ".join(f"{k}: {', '.join(v)}" for k, v in PROFILE_SECTIONS.items()) + ")")
     s = add("throughput", cmd_throughput, "tokens/s and peak memory of recipes against the first, eager and compiled")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--run", action="append", default=[], type=Run.parse, help="'LABEL=CONFIG [overrides]'")
@@ -814,6 +1022,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None, help="seconds per training before it is stopped")
     s.add_argument("--budget", type=float, default=None,
                    help="seconds for all trainings together; a run that would start with under 15 s left is skipped")
+    s.add_argument("--docs", choices=THROUGHPUT_SECTIONS, default=None, metavar="SECTION",
+                   help=f"{results_page.DOCS_HELP} (speed.md's section: {', '.join(THROUGHPUT_SECTIONS)})")
     s = add("profile", cmd_profile, "one profiled training step per recipe: where its time goes")
     s.add_argument("out", type=Path)
     s.add_argument("configs", nargs="+")
@@ -827,17 +1037,25 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--big-budget", type=int, default=420, help="seconds for the 30B-shaped trainings")
     s.add_argument("--compiled", action="store_true", help="also the compiled 30B pair")
     s.add_argument("--profile-twins", action="store_true", help="also profile the bf16 twins")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s = add("table", cmd_table, "the performance table from what a `perf` output directory holds")
     s.add_argument("out", type=Path, help="the output directory of `perf`")
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s = add("parity", cmd_parity, "a recipe on 1 and on N processes, same global batches and initial weights")
     s.add_argument("--nproc", type=int, default=2)
     s.add_argument("--global-batch", type=int, required=True)
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--parallel-args", default=None, help="extra arguments of the N-process run (one string)")
+    s.add_argument("--label", default=None, help="the run's name in `parity-table` (default: recipe and parallelism)")
+    s = add("parity-table", cmd_parity_table, "the table of one or more `parity` output directories")
+    s.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="output directories of `parity`")
+    s.add_argument("--docs", choices=PARITY_SECTIONS, default=None, metavar="SECTION",
+                   help=f"{results_page.DOCS_HELP} (parity.md's section: {', '.join(PARITY_SECTIONS)})")
     s = add("compile-parity", cmd_compile_parity, "eager vs compiled losses, 4/6 against bf16")
     s.add_argument("out", type=Path)
     s.add_argument("--steps", type=int, default=6)
+    s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s = add("rl-signal", cmd_rl_signal, "is the copy task learnable from its reward (CPU)")
     s.add_argument("--mode", choices=("supervised", "grpo", "baseline"), required=True)
     s.add_argument("--flavor", default="tiny", help="tiny: the package's 2-layer flavor; debugmodel_moe: the recipe's")
