@@ -384,7 +384,8 @@ def profile_markdown(s: dict, label: str) -> str:
         lines += [f"| `{op}` | " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + " |"
                   for op, kinds in s["kernel_ms_by_op"].items()]
     if s.get("top_launching_ops"):
-        lines += ["", "| kind | innermost op that launched it (input shapes) | kernels | ms |", "| --- | --- | --- | --- |"]
+        lines += ["", "| kind | innermost op that launched it (input shapes) | kernels | ms |",
+                  "| --- | --- | --- | --- |"]
         lines += [f"| {t['kind']} | `{t['op']}` | {t['count']} | {t['ms']:.2f} |" for t in s["top_launching_ops"]]
     if s["host_ops"]:
         lines += ["", "| op (host) | calls | mean ms |", "| --- | --- | --- |"]
@@ -745,7 +746,8 @@ def seed_checkpoint(args: list[str], dump: Path, **kw) -> Path:
     """One process writes the initial weights (step 0) that both runs load (DTensor-sharded initialization does
     not reproduce single-device initialization)."""
     launch(1, [*args, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", "--checkpoint.folder", "seed",
-               "--parallelism.data_parallel_shard_degree", "1", "--parallelism.expert_parallel_degree", "1"], dump, **kw)
+               "--parallelism.data_parallel_shard_degree", "1", "--parallelism.expert_parallel_degree", "1"],
+           dump, **kw)
     path = dump.resolve() / "seed" / "step-0"
     if not path.is_dir():
         raise RuntimeError(f"no seed checkpoint at {path}; see {dump / 'log.txt'}")
