@@ -1,10 +1,15 @@
-"""Reports behind the docs: the quantization-error table of docs/results/quant_error.md, the RL table and figures
-of docs/results/rl.md, the training-fidelity study's verdicts as one figure (docs/fidelity/verdicts.png).
+"""Reports behind the docs: the quantization-error tables of docs/results/quant_error.md, the RL table and figures
+of docs/results/rl.md, the training-fidelity study's verdict and slice tables and per-layer metrics
+(docs/results/fidelity.md) and its verdicts as one figure (docs/fidelity/verdicts.png).
 
-    python -m scripts.report quant-error --out OUT       # markdown table on stdout; JSON and PNGs in OUT
+    python -m scripts.report quant-error --out OUT [--docs]  # markdown table on stdout; JSON and PNGs in OUT
     python -m scripts.report quant-error --no-capture --out OUT   # synthetic distributions only (seconds)
-    python -m scripts.report rl OUT_DIR [--docs docs]    # after `bash scripts/rl_runs.sh OUT_DIR`
-    python -m scripts.report fidelity OUT_DIR [--docs docs]  # after `bash scripts/fidelity_study.sh OUT_DIR ...`
+    python -m scripts.report rl OUT_DIR [--docs]          # after `bash scripts/rl_runs.sh OUT_DIR`
+    python -m scripts.report fidelity OUT_DIR [--docs]    # after `bash scripts/fidelity_study.sh OUT_DIR ...`
+    python -m scripts.report per-layer DIR... [--docs]    # after `python -m titan_fp4six.fidelity ... --out DIR`
+
+Without --docs the tables go to stdout and the files to OUT; --docs writes the tables into their sections of the
+results pages (scripts/results_page.py) and the figures and records beside them.
 
 quant-error: relative MSE of standard NVFP4 and every four-over-six knob setting, and the map-to-4 share, on
 synthetic distributions and on GEMM operands (activations, weights, output gradients) captured with hooks from a
@@ -16,8 +21,10 @@ tensor, then averaged over the tensors of a source. Every quantization goes thro
 import argparse
 import contextlib
 import copy
+import gzip
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -28,8 +35,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scripts.results_page import DOCS_HELP, write_section
 from titan_fp4six import four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from titan_fp4six.modules.fidelity import relative_mse
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # --- capture: GEMM operands from a short training of a debug model ----------------------------------------------
 # The model comes from torchtitan's registry and trains unquantized (so the captured tensors are what a quantizer
@@ -347,6 +357,9 @@ def plot_quant_error(summary: dict[str, dict[str, tuple[float, float]]], records
     return paths
 
 def cmd_quant_error(args):
+    """quant_error.json/.md and the PNGs in OUT; --docs: the table into docs/results/quant_error.md's section of this
+    machine (quant-error-gpu with CUDA, else quant-error-cpu), the records beside it as quant_error_{gpu,cpu}.json.gz,
+    and on a GPU the figures (the page's figures are the GPU run's)."""
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     samples = synthetic_samples(args.synthetic_size, args.synthetic_size)
@@ -366,22 +379,31 @@ def cmd_quant_error(args):
     summary = summarize(records)
     table = markdown_table(summary)
     print(table)
-    (args.out / "quant_error.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+    record = json.dumps({"meta": meta, "records": records}, indent=1)
+    (args.out / "quant_error.json").write_text(record)
     (args.out / "quant_error.md").write_text(table + "\n")
-    for path in plot_quant_error(summary, records, args.out):
+    figures = plot_quant_error(summary, records, args.out)
+    for path in figures:
         print(f"wrote {path}", file=sys.stderr)
+    if args.docs:
+        gpu = torch.cuda.is_available()
+        results = DOCS / "results"
+        kind = "gpu" if gpu else "cpu"
+        (results / f"quant_error_{kind}.json.gz").write_bytes(gzip.compress(record.encode(), mtime=0))
+        if gpu:
+            for path in figures:
+                shutil.copyfile(path, results / path.name)
+        write_section(results / "quant_error.md", "quant-error-gpu" if gpu else "quant-error-cpu", table)
 
 
 # --- rl: docs/results/rl.md's table and figures from the runs of scripts/rl_runs.sh -------------------------------
 # Reads OUT_DIR/<run>/rl_metrics.jsonl (one JSON line per GRPO step, written by `python -m titan_fp4six.rl`) for
-# the runs nvfp4_consistent, nvfp4_fast and bf16_fast; writes <docs>/results/rl_reward.png (reward per step,
-# 10-step moving average), <docs>/results/rl_mismatch.png (max and mean |trainer - rollout| logprob per step, symlog
-# scale so exact zeros show) and replaces the text between the report markers of <docs>/results/rl.md with the
-# table.
+# the runs nvfp4_consistent, nvfp4_fast and bf16_fast; writes rl_reward.png (reward per step, 10-step moving
+# average) and rl_mismatch.png (max and mean |trainer - rollout| logprob per step, symlog scale so exact zeros show)
+# to OUT_DIR, or with --docs to docs/results/ with the table in rl.md's section rl-h200.
 
 RL_RUNS = {"nvfp4_consistent": "4/6 row-scaled, consistent", "nvfp4_fast": "4/6 row-scaled, fast",
            "bf16_fast": "bf16, fast"}
-BEGIN, END = "<!-- rl_report:begin -->", "<!-- rl_report:end -->"
 RL_TAIL = 20
 
 
@@ -470,21 +492,17 @@ def rl_plot(runs: dict[str, list[dict]], docs: Path) -> None:
 
 def cmd_rl(args):
     runs = rl_load(args.out)
-    rl_plot(runs, args.docs / "results")
+    rl_plot(runs, DOCS / "results" if args.docs else args.out)
     report = rl_table(runs, args.out)
-    doc = args.docs / "results" / "rl.md"
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{doc} lacks the {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    body = f"{report}\n\n![reward](rl_reward.png)\n\n![mismatch](rl_mismatch.png)\n"
-    doc.write_text(f"{head}{BEGIN}\n{body}{END}{rest.split(END, 1)[1]}")
     print(report)
+    if args.docs:
+        write_section(DOCS / "results" / "rl.md", "rl-h200",
+                      f"{report}\n\n![reward](rl_reward.png)\n\n![mismatch](rl_mismatch.png)\n")
 
 
-# --- fidelity: every slice's paired gaps in one forest plot ------------------------------------------------------
-# The slices of scripts/fidelity_study.sh, in the order of docs/fidelity.md's verdict table, and the three paired
-# gaps each compare.json holds (variant, field, label).
+# --- fidelity: the study's verdict table, every slice's table, and the paired gaps in one forest plot -------------
+# The slices of scripts/fidelity_study.sh, in the order of the verdict table (each slice's name is also its section
+# of docs/results/fidelity.md), and the three paired gaps each compare.json holds (variant, field, label).
 FIDELITY_SLICES = {"qwen3_base": "Qwen3 MoE, RL base point", "deepseek_base": "DeepSeek-V3, RL base point",
                    "qwen3_all": "Qwen3 MoE, all Linears", "deepseek_all": "DeepSeek-V3, all Linears",
                    "qwen3_full": "Qwen3 MoE, full recipe", "deepseek_full": "DeepSeek-V3, full recipe"}
@@ -536,14 +554,157 @@ def fidelity_plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _gap(e: dict | None) -> str:
+    """A paired difference as compare.md writes it: signed, 4 decimals, its interval where n >= 2, and n."""
+    if not e:
+        return "-"
+    if e.get("low") is None:
+        return f"{e['mean']:+.4f} (n={e['n']})"
+    return f"{e['mean']:+.4f} [{e['low']:+.4f}, {e['high']:+.4f}] (n={e['n']})"
+
+
+def _excludes_zero(e: dict | None) -> bool:
+    return bool(e) and e.get("low") is not None and (e["low"] > 0 or e["high"] < 0)
+
+
+def fidelity_slice(path: Path) -> dict:
+    """One slice's compare.json as the verdict table reads it: {"main": [(comparison, estimate)] (4/6 - nvfp4,
+    nvfp4 - bf16, 4/6 - bf16), "bounds": [(comparison, estimate)] (a variant "<base> <suffix>" against its base
+    variant, e.g. the scale-bound variants "nvfp4 B256 - nvfp4"), "family": [{comparison, p, holm, estimate}]}:
+    the paired intervals of compare's Holm family plus the bound comparisons it lacks, Holm's step-down redone over
+    all of them (family-wise 5%). Comparisons are named by compare's variant names, as compare.json names them."""
+    from titan_fp4six.compare.stats import Estimate, holm, mean_interval, paired_p
+
+    data = json.loads(path.read_text())
+    variants = {v["name"]: v for v in data["variants"]}
+    main = [(f"{name} - {'nvfp4' if key == 'gap_to_nvfp4' else 'bf16'}", variants.get(name, {}).get(key))
+            for name, key, _ in FIDELITY_GAPS]
+    finals = {}
+    for run in data["runs"]:
+        if run["status"] == "ok":
+            finals.setdefault(run["variant"], {})[run["seed"]] = run["final"]
+    bounds = []
+    for name in variants:
+        base = name.rsplit(" ", 1)[0]
+        if base != name and base in variants and base != "bf16":
+            seeds = sorted(set(finals.get(name, {})) & set(finals.get(base, {})))
+            if seeds:
+                e = mean_interval([finals[name][s] - finals[base][s] for s in seeds])
+                bounds.append((f"{name} - {base}", vars(e)))
+    tests = [dict(t) for t in data.get("family", [])]
+    known = {t["comparison"] for t in tests}
+    for label, e in bounds:
+        if label not in known and e.get("sd") is not None:
+            tests.append({"comparison": label, "mean": e["mean"], "n": e["n"], "p": paired_p(Estimate(**e))})
+    estimates = {label: e for label, e in bounds}
+    estimates.update({f"{name} - {base}": variants[name].get(key) for name in variants
+                      for base, key in (("bf16", "gap_to_bf16"), ("nvfp4", "gap_to_nvfp4"))})
+    for t, kept in zip(tests, holm([t["p"] for t in tests])):
+        t["holm"], t["estimate"] = kept, estimates.get(t["comparison"])
+    return {"main": main, "bounds": bounds, "family": tests}
+
+
+def _verdict(row: list[tuple[str, dict | None]], family: list[dict]) -> str:
+    """"not distinguishable" when every interval of the row covers 0; else each one that does not, with its p and
+    whether Holm's step-down over the slice's intervals keeps it."""
+    tests = {t["comparison"]: t for t in family}
+    notes = []
+    for comparison, e in row:
+        if _excludes_zero(e):
+            t = tests.get(comparison)
+            held = "" if t is None else (f" (p = {t['p']:.2g}), {'kept' if t['holm'] else 'not kept'} by Holm "
+                                        f"over the slice's {len(family)} intervals")
+            notes.append(f"{comparison}: {'lower' if e['high'] < 0 else 'higher'}{held}")
+    return "; ".join(notes) if notes else "not distinguishable"
+
+
+def fidelity_verdicts(study: Path) -> str:
+    """The verdict table: per slice with a compare.json under `study` (FIDELITY_SLICES order), its three paired
+    gaps and a verdict, a row for its bound comparisons where it has any, then every other paired interval of a
+    slice that excludes 0 on its own."""
+    lines = ["| slice | 4/6 - NVFP4, paired final-loss difference [95% CI] | NVFP4 - bf16 | 4/6 - bf16 | verdict |",
+             "| --- | --- | --- | --- | --- |"]
+    others = []
+    for name, label in FIDELITY_SLICES.items():
+        path = study / name / "compare.json"
+        if not path.exists():
+            continue
+        s = fidelity_slice(path)
+        shown = {c for c, _ in s["main"] + s["bounds"]}
+        lines.append(f"| {label} | " + " | ".join(_gap(e) for _, e in s["main"])
+                     + f" | {_verdict(s['main'], s['family'])} |")
+        if s["bounds"]:
+            gaps = "; ".join(f"{b}: {_gap(e)}" for b, e in s["bounds"])
+            lines.append(f"| {label}, variants against their base | {gaps} | | | "
+                         f"{_verdict(s['bounds'], s['family'])} |")
+        for t in s["family"]:
+            if t["comparison"] not in shown and _excludes_zero(t.get("estimate")):
+                others.append(f"{label}: {t['comparison']} {_gap(t['estimate'])}, p = {t['p']:.2g}, "
+                              f"{'kept' if t['holm'] else 'not kept'} by Holm over the slice's {len(s['family'])} "
+                              "intervals")
+    lines += ["", "Negative: lower loss. Verdict: \"not distinguishable\" when the row's intervals all cover 0; else "
+              "each interval that does not, with its p and whether Holm's step-down over the slice's paired "
+              "intervals (family-wise 5%) keeps it."]
+    if others:
+        lines += ["", "Other paired intervals that exclude 0 on their own:", *(f"- {o}" for o in others)]
+    return "\n".join(lines) + "\n"
+
+
 def cmd_fidelity(args):
+    """The forest plot (OUT/verdicts.png, or with --docs docs/fidelity/verdicts.png); --docs also writes the
+    verdict table and each slice's compare.md into their sections of docs/results/fidelity.md."""
     rows = fidelity_intervals(args.out)
     if not rows:
         raise SystemExit(f"no slice under {args.out} has a compare.json with paired intervals "
                          f"(slices: {', '.join(FIDELITY_SLICES)})")
-    fidelity_plot(rows, args.docs / "fidelity" / "verdicts.png")
+    fidelity_plot(rows, (DOCS / "fidelity" if args.docs else args.out) / "verdicts.png")
     for r in rows:
         print(f"{r['slice']:28} {r['gap']:13} {r['mean']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}] (n={r['n']})")
+    if args.docs:
+        page = DOCS / "results" / "fidelity.md"
+        write_section(page, "fidelity-verdicts", fidelity_verdicts(args.out))
+        for name in FIDELITY_SLICES:
+            if (args.out / name / "compare.md").is_file():
+                write_section(page, name, (args.out / name / "compare.md").read_text())
+
+
+# --- per-layer: docs/results/fidelity.md's per-layer metrics from `python -m titan_fp4six.fidelity` --------------
+# Reads DIR/fidelity.json of each run (one recipe each); one row per recipe: the mean over its converted GEMMs of
+# each metric, `NVFP4 / 4/6`.
+
+PER_LAYER_COLUMNS = (("fwd SNR dB", "fwd_snr_db", ".2f"), ("map-to-4", "map4_fraction", ".3f"),
+                     ("MSE x", "mse_x", ".3g"), ("MSE w", "mse_w", ".3g"),
+                     ("quantized dX cos", "quantized_dx_cos", ".5f"), ("quantized dW cos", "quantized_dw_cos", ".5f"),
+                     ("dequantized dX cos", "dequantized_dx_cos", ".5f"),
+                     ("dequantized dW cos", "dequantized_dw_cos", ".5f"))
+
+
+def per_layer_table(records: list[dict]) -> str:
+    """One row per fidelity.json record: its recipe, model and GEMM count, then each column's mean over the GEMMs
+    as `NVFP4 / 4/6` ("-" where the record lacks the metric)."""
+    lines = ["| recipe (model, GEMMs) | " + " | ".join(h for h, _, _ in PER_LAYER_COLUMNS) + " |",
+             "| --- |" + " --- |" * len(PER_LAYER_COLUMNS)]
+    for r in records:
+        cells = []
+        for _, key, fmt in PER_LAYER_COLUMNS:
+            values = [r["mean"].get(f"{key}/{v}") for v in ("nvfp4", "four_over_six")]
+            cells.append("-" if None in values else " / ".join(format(v, fmt) for v in values))
+        lines.append(f"| `{Path(r['config']).name}` ({r['model']} {r['flavor']}, {len(r['gemms'])}) | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_per_layer(args):
+    records = []
+    for folder in args.dirs:
+        path = folder / "fidelity.json" if folder.is_dir() else folder
+        if not path.is_file():
+            raise SystemExit(f"{path}: no fidelity.json (`python -m titan_fp4six.fidelity ... --out {folder}`)")
+        records.append(json.loads(path.read_text()))
+    table = per_layer_table(records)
+    print(table)
+    if args.docs:
+        write_section(DOCS / "results" / "fidelity.md", "per-layer", table)
 
 
 def main(argv=None) -> None:
@@ -560,15 +721,26 @@ def main(argv=None) -> None:
     s.add_argument("--seq-len", type=int, default=256)
     s.add_argument("--max-rows", type=int, default=512, help="rows kept per captured tensor (multiple of 16)")
     s.add_argument("--synthetic-size", type=int, default=1024)
+    s.add_argument("--docs", action="store_true", help=DOCS_HELP + " (quant_error.md, section quant-error-gpu "
+                   "or quant-error-cpu by the machine; the records as quant_error_{gpu,cpu}.json.gz, on a GPU the "
+                   "figures)")
     s.set_defaults(run=cmd_quant_error)
     s = sub.add_parser("rl", help="docs/results/rl.md's table and figures from the runs of scripts/rl_runs.sh")
-    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/rl_runs.sh")
-    s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/rl_runs.sh (the figures go there)")
+    s.add_argument("--docs", action="store_true", help=DOCS_HELP + " (rl.md, section rl-h200; the figures beside it)")
     s.set_defaults(run=cmd_rl)
-    s = sub.add_parser("fidelity", help="docs/fidelity/verdicts.png from the slices of scripts/fidelity_study.sh")
-    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/fidelity_study.sh")
-    s.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    s = sub.add_parser("fidelity", help="the verdict and slice tables of docs/results/fidelity.md and "
+                       "docs/fidelity/verdicts.png, from the slices of scripts/fidelity_study.sh")
+    s.add_argument("out", type=Path, help="the OUT_DIR given to scripts/fidelity_study.sh (the figure goes there)")
+    s.add_argument("--docs", action="store_true", help=DOCS_HELP + " (fidelity.md, the verdict section and one "
+                   "per slice from its compare.md; the figure as docs/fidelity/verdicts.png)")
     s.set_defaults(run=cmd_fidelity)
+    s = sub.add_parser("per-layer", help="docs/results/fidelity.md's per-layer metrics from the fidelity.json of "
+                       "`python -m titan_fp4six.fidelity` runs")
+    s.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="a --out folder of titan_fp4six.fidelity (or "
+                   "its fidelity.json), one per recipe, in the table's order")
+    s.add_argument("--docs", action="store_true", help=DOCS_HELP + " (fidelity.md, section per-layer)")
+    s.set_defaults(run=cmd_per_layer)
     args = p.parse_args(argv)
     args.run(args)
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GRPO on one GPU: the 4/6 recipe in consistent (batch-invariant) mode, the 4/6 recipe in fast mode and the
 # bf16 twin, STEPS steps each (default 200), logs and per-step metrics (rl_metrics.jsonl) under OUT_DIR, then
-# the figures and table of docs/results/rl.md (python -m scripts.report rl). Run from the repository root:
+# the figures and table of docs/results/rl.md (python -m scripts.report rl --docs). Run from the repository root:
 #   bash scripts/rl_runs.sh OUT_DIR
 # About 5 minutes on an H200 (three ~25 s start-ups; ~0.15 s a step fast, ~0.6 s a step consistent).
 # PARALLEL=1 starts the three runs at once (the debug model leaves most of the GPU idle; tokens/s are then
 # measured while the runs share the GPU); RUN_TIMEOUT (s) stops a run; NO_REPORT=1 skips the figures (e.g. on
-# a machine without matplotlib: run `python -m scripts.report rl OUT_DIR` on the logs elsewhere).
+# a machine without matplotlib: run `python -m scripts.report rl OUT_DIR --docs` on the logs elsewhere).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/rl_runs.sh OUT_DIR}
@@ -32,4 +32,4 @@ else
   run nvfp4_fast "$NVFP4"
   run bf16_fast "$BF16"
 fi
-[ "${NO_REPORT:-0}" = 1 ] || "$PY" -m scripts.report rl "$OUT"
+[ "${NO_REPORT:-0}" = 1 ] || "$PY" -m scripts.report rl "$OUT" --docs
