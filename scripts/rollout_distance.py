@@ -25,7 +25,8 @@ package's forward, and the held-out |logp difference| is recomputed from vLLM's.
 Each checkpoint's scores are kept in DIR/scores/<label>.json and reused by a later call with the same settings
 (--score-only scores and stops: scripts/rollout_study.py scores checkpoints in parallel that way). Writes
 DIR/rollout_distance.md and .json; --docs also writes the page to PATH (default docs/results/rollout_distance.md),
-marked as this script's (scripts/results_page.py: a re-run replaces it, no hand edits).
+marked as this script's (scripts/results_page.py: a re-run replaces it, no hand edits), and, where a fidelity.md
+lies beside it (docs/results/fidelity.md), the study's summary into its section "rollout-distance".
 """
 
 import argparse
@@ -46,7 +47,7 @@ from pathlib import Path
 import torch
 
 from scripts.provenance import commit, machine
-from scripts.results_page import write_page
+from scripts.results_page import write_page, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 QUANTIZED = "configs/qwen3_moe_debug_nvfp4_four_over_six_all_linears.toml"
@@ -541,6 +542,23 @@ def page(result: dict) -> str:
     return "\n".join(lines)
 
 
+def fidelity_summary(result: dict, page_name: str) -> str:
+    """The summary docs/results/fidelity.md shows: per regime, the table over training runs with its verdicts (one
+    checkpoint: its per-window table), and a link to the whole page."""
+    lines = []
+    for name, summary in result["regimes"].items():
+        n = len(summary["checkpoints"])
+        if n >= 2:
+            lines += [f"**Regime {name}**, over {n} training runs (each checkpoint one unit):", ""]
+            lines += table(summary["over_runs"], True)
+        else:
+            label, per_window = next(iter(summary["per_checkpoint"].items()))
+            lines += [f"**Regime {name}**, one checkpoint ({label}), its windows as units:", ""]
+            lines += table(per_window, False)
+    lines.append(f"The whole study (the runs, pooled and per-checkpoint intervals, vLLM): [{page_name}]({page_name}).")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------- main
 
 def parse(argv=None) -> argparse.Namespace:
@@ -642,7 +660,10 @@ def main(argv=None) -> int:
     (a.out / "rollout_distance.json").write_text(json.dumps(result, indent=1))
     (a.out / "rollout_distance.md").write_text(text)
     if a.docs:  # the page of docs/results is this script's alone (scripts/results_page.py)
-        write_page(REPO / a.docs, "scripts.rollout_distance", text)
+        target = write_page(REPO / a.docs, "scripts.rollout_distance", text)
+        if (target.parent / "fidelity.md").is_file():
+            write_section(target.parent / "fidelity.md", "rollout-distance", fidelity_summary(result, target.name),
+                          command=a.command)
     print(text)
     return 0
 

@@ -171,12 +171,20 @@ def test_report_only_pages_every_stored_score(tmp_path):
             (tmp_path / "scores" / f"{regime}-seed{i}.json").write_text(json.dumps(s))
     phases = tmp_path / "phases.mem.json"
     phases.write_text(json.dumps([{"phase": "train mem-seed0", "command": "python3 -m ...", "seconds": 5.0}]))
-    docs = tmp_path / "docs" / "rollout_distance.md"  # --docs PATH: the page, marked as the script's
+    docs = tmp_path / "docs" / "rollout_distance.md"  # --docs PATH: the page, marked as the script's, and the
+    docs.parent.mkdir()  # summary in fidelity.md's section where that page lies beside it
+    (docs.parent / "fidelity.md").write_text("# F\n\n<!-- begin rollout-distance (scripts.rollout_distance) -->\n"
+                                             "old\n<!-- end rollout-distance -->\nTail.\n")
     assert distance_main(["--out", str(tmp_path), "--report-only", "--phases", str(tmp_path / "phases.*.json"),
                           "--docs", str(docs)]) == 0
     text = (tmp_path / "rollout_distance.md").read_text()
     assert docs.read_text() == ("<!-- page written by scripts.rollout_distance; edit the script, not this page -->\n"
                                 + text)
+    summary = (docs.parent / "fidelity.md").read_text()
+    assert summary.startswith("# F\n\n<!-- begin rollout-distance (scripts.rollout_distance) -->\nWritten by "
+                              "`python -m scripts.rollout_distance --out ") and summary.endswith("Tail.\n")
+    assert "**Regime mem**, over 3 training runs" in summary and "**Regime short**, over 3" in summary
+    assert "old" not in summary and "[rollout_distance.md](rollout_distance.md)" in summary
     assert "## Regime: mem (3 checkpoints)" in text and "## Regime: short (3 checkpoints)" in text
     assert "# train mem-seed0: 5 s" in text
     result = json.loads((tmp_path / "rollout_distance.json").read_text())
