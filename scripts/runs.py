@@ -939,12 +939,22 @@ def compile_parity_table(loss: dict[str, list[float]]) -> str:
 
 # --- rl-signal: is the copy task learnable from its reward? --------------------------------------------------
 
-def cmd_rl_signal(args, common):
+RL_SIGNAL_ROWS = (  # rl.md's table, `rl-signal --docs`: (mode, alphabet, entropy bonus, steps), 64 prompts x 8
+    ("supervised", "0123", 0.0, 50),
+    ("grpo", "0123", 0.0, 150),
+    ("grpo", "0123", 0.01, 150),
+    ("grpo", "0123456789", 0.01, 200),
+)
+RL_SIGNAL_AT = (10, 25, 50, 100, 150, 200)  # the steps whose accuracy the table shows
+
+
+def rl_signal(mode: str, *, flavor: str = "tiny", alphabet: str = "0123", lr: float = 1e-3, steps: int = 100,
+              prompts: int = 32, group_size: int = 8, entropy_coef: float = 0.0) -> list[tuple[int, float, float]]:
     """Supervised vs policy-gradient updates of a fresh model on the one-symbol copy task (`<bos> s =` -> `s`),
     on the CPU: the model's own forward (titan_fp4six.rl.forward, fast kernels) on the prompt only, no generator
-    or trainer, so what it isolates is the learning signal. Prints the mean reward and the greedy copy accuracy
-    (chance: 1 / len(alphabet)) every 5 steps. Modes: supervised (cross-entropy on the right symbol), grpo
-    (sampled answers, group-relative advantages), baseline (sampled answers, batch-mean baseline)."""
+    or trainer, so what it isolates is the learning signal. Returns and prints (step, mean reward, greedy copy
+    accuracy) every 5 steps (chance: 1 / len(alphabet)). Modes: supervised (cross-entropy on the right symbol),
+    grpo (sampled answers, group-relative advantages), baseline (sampled answers, batch-mean baseline)."""
     import copy
     import random
 
@@ -960,37 +970,74 @@ def cmd_rl_signal(args, common):
     cpu_patches()
     torch.manual_seed(0)
     spec = get_train_spec("qwen3")
-    model_args = copy.deepcopy(spec.model_args[args.flavor])
+    model_args = copy.deepcopy(spec.model_args[flavor])
     model_args.moe_args.use_grouped_mm = False  # CPU
     model = spec.model_cls(model_args)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
-    task = CopyTask(Vocabulary.from_tokenizer("titan_fp4six/integration/embedded", args.alphabet), 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    task = CopyTask(Vocabulary.from_tokenizer("titan_fp4six/integration/embedded", alphabet), 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng, ops = random.Random(0), kernels(False)
-    for step in range(args.steps):
-        examples = [e for e in task.examples(args.prompts, rng) for _ in range(args.group_size)]
+    trace = []
+    for step in range(steps):
+        examples = [e for e in task.examples(prompts, rng) for _ in range(group_size)]
         tokens = torch.tensor([e.tokens for e in examples])
         logprobs = forward(model, tokens, torch.arange(tokens.shape[1]).expand(len(examples), -1), ops)[:, -1]
-        if args.mode == "supervised":
+        if mode == "supervised":
             answers, weights = tokens[:, 1], torch.ones(len(examples))
         else:
             answers = torch.multinomial(logprobs.detach().exp(), 1).squeeze(-1)
         rewards = torch.tensor([task.reward(e, [int(a)]) for e, a in zip(examples, answers)])
-        if args.mode == "grpo":
-            weights = grpo.group_advantages(rewards, args.group_size)
-        elif args.mode == "baseline":
+        if mode == "grpo":
+            weights = grpo.group_advantages(rewards, group_size)
+        elif mode == "baseline":
             weights = rewards - rewards.mean()
         loss = -(weights * logprobs.gather(-1, answers[:, None]).squeeze(-1)).mean()
-        loss = loss - args.entropy_coef * grpo.entropy(logprobs).mean()
+        loss = loss - entropy_coef * grpo.entropy(logprobs).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 5 == 0 or step == args.steps - 1:
-            accuracy = (logprobs.argmax(-1) == tokens[:, 1]).float().mean()
-            print(f"step {step:4d}  reward {float(rewards.mean()):.3f}  greedy copy accuracy {float(accuracy):.3f}",
-                  flush=True)
+        if step % 5 == 0 or step == steps - 1:
+            accuracy = float((logprobs.argmax(-1) == tokens[:, 1]).float().mean())
+            trace.append((step, float(rewards.mean()), accuracy))
+            print(f"step {step:4d}  reward {trace[-1][1]:.3f}  greedy copy accuracy {accuracy:.3f}", flush=True)
+    return trace
+
+
+def rl_signal_table(rows: list[tuple[str, str, float, int, list[tuple[int, float, float]]]]) -> str:
+    """rl.md's table: per (mode, alphabet, entropy bonus, steps, trace) the greedy copy accuracy at RL_SIGNAL_AT
+    (the print at or just before each step) and its mean over the last quarter of the steps."""
+    def at(trace, step):
+        return max((t for t in trace if t[0] <= step), key=lambda t: t[0])[2]
+
+    head = ["mode", "alphabet (chance)", "entropy bonus", *(f"step {s}" for s in RL_SIGNAL_AT), "last quarter"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- | ---: |" + " ---: |" * (len(RL_SIGNAL_AT) + 1)]
+    for mode, alphabet, entropy, steps, trace in rows:
+        late = [t[2] for t in trace if t[0] >= steps * 3 // 4]
+        cells = [f"{at(trace, s):.2f}" if s <= steps else "" for s in RL_SIGNAL_AT]
+        lines.append(f"| {mode} | `{alphabet}` (1/{len(alphabet)}) | {entropy:g} | " + " | ".join(cells)
+                     + f" | {sum(late) / len(late):.2f} |")
+    return "\n".join(lines)
+
+
+def cmd_rl_signal(args, common):
+    """Is the copy task learnable from its reward (CPU)? One run with --mode, or with --docs every row of
+    docs/results/rl.md's table (RL_SIGNAL_ROWS: 64 prompts x 8 answers a step, lr 1e-3), written to its section."""
+    if not args.docs:
+        if args.mode is None:
+            raise SystemExit("rl-signal: give --mode (one run) or --docs (the rows of docs/results/rl.md's table)")
+        rl_signal(args.mode, flavor=args.flavor, alphabet=args.alphabet, lr=args.lr, steps=args.steps,
+                  prompts=args.prompts, group_size=args.group_size, entropy_coef=args.entropy_coef)
+        return
+    rows = []
+    for mode, alphabet, entropy, steps in RL_SIGNAL_ROWS:
+        print(f"# {mode}, alphabet {alphabet}, entropy bonus {entropy:g}, {steps} steps", flush=True)
+        rows.append((mode, alphabet, entropy, steps, rl_signal(mode, flavor=args.flavor, alphabet=alphabet,
+                                                               steps=steps, prompts=64, entropy_coef=entropy)))
+    text = rl_signal_table(rows)
+    print(text)
+    results_page.write_section("rl.md", "rl-signal", text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -1059,7 +1106,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=6)
     s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
     s = add("rl-signal", cmd_rl_signal, "is the copy task learnable from its reward (CPU)")
-    s.add_argument("--mode", choices=("supervised", "grpo", "baseline"), required=True)
+    s.add_argument("--mode", choices=("supervised", "grpo", "baseline"))
     s.add_argument("--flavor", default="tiny", help="tiny: the package's 2-layer flavor; debugmodel_moe: the recipe's")
     s.add_argument("--alphabet", default="0123")
     s.add_argument("--lr", type=float, default=1e-3)
@@ -1067,6 +1114,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompts", type=int, default=32)
     s.add_argument("--group-size", type=int, default=8)
     s.add_argument("--entropy-coef", type=float, default=0.0)
+    s.add_argument("--docs", action="store_true", help=f"{results_page.DOCS_HELP} (every row of rl.md's table)")
     return p
 
 

@@ -146,3 +146,13 @@ def test_docs_write_their_sections(pages, tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "wait", lambda proc, timeout: 0)
     runs.main(["compile-parity", str(tmp_path / "compile"), "--docs"])
     assert "| **largest** | | | 0 | 0 | | | 0 |" in _written(pages / runs.COMPILE, "compile-vs-eager")
+
+
+def test_rl_signal_table_shows_accuracy_at_its_steps_and_over_the_last_quarter():
+    from scripts.runs import rl_signal_table
+
+    trace = [(s, 0.5, s / 100) for s in range(0, 100, 5)] + [(99, 0.5, 0.99)]
+    lines = rl_signal_table([("grpo", "0123", 0.01, 100, trace)]).splitlines()
+    assert lines[0].startswith("| mode | alphabet (chance) | entropy bonus | step 10 | step 25 |")
+    # step 10 and 25: the prints at those steps; 100: the last print (step 99); 150, 200: past the run
+    assert lines[2] == "| grpo | `0123` (1/4) | 0.01 | 0.10 | 0.25 | 0.50 | 0.99 |  |  | 0.87 |"
