@@ -924,6 +924,20 @@ def cmd_warm(args):
     print(f"ran {len(done)} quantizer variants (those sharing a kernel, such as 1x16 with either amax, compile once)")
 
 
+def docs_run_problem(args) -> str | None:
+    """Why this run's figures must not replace the H200 tables of docs/results/ (None: they may): a smoke run on
+    the CPU, `gemm --quick` or `ops --size` other than the table's would overwrite a GPU measurement."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "the tables are GPU measurements and this machine has no CUDA device"
+    if getattr(args, "quick", False):
+        return "--quick shapes are a smoke test, not the table's shapes"
+    if getattr(args, "size", 1024) != 1024:
+        return f"--size {args.size}: the table is of the 1024^3 linear"
+    return None
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -960,6 +974,9 @@ def main(argv=None) -> None:
     s.add_argument("--jobs", type=int, default=16)
     s.set_defaults(run=cmd_warm)
     args = p.parse_args(argv)
+    problem = getattr(args, "docs", False) and args.command != "compare" and docs_run_problem(args)
+    if problem:
+        p.error(f"--docs: {problem}")
     args.run(args)
 
 

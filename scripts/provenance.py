@@ -9,13 +9,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit(fallback: str = "unknown (not a git checkout)") -> str:
-    """HEAD's short hash, marked when tracked files outside docs/ (where the results pages being written live) have
-    uncommitted changes; `fallback` outside a git checkout."""
+    """HEAD's short hash, marked when tracked files have uncommitted changes other than the results being written
+    (docs/results/, docs/fidelity/); `fallback` outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
-                               cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results",
+                                ":!docs/fidelity"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return fallback
     return head + (" (with uncommitted changes)" if dirty else "")

@@ -380,9 +380,7 @@ def profile_markdown(s: dict, label: str) -> str:
     lines += [f"| {kind} | {v['count']} | {v['ms']:.2f} |" for kind, v in s.get("kinds", {}).items()]
     lines += ["", top_kernels_table(s["top"])]
     if s.get("kernel_ms_by_op"):
-        lines += ["", "| kernels launched by | ms by kind |", "| --- | --- |"]
-        lines += [f"| `{op}` | " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + " |"
-                  for op, kinds in s["kernel_ms_by_op"].items()]
+        lines += ["", launched_by_table(s)]
     if s.get("top_launching_ops"):
         lines += ["", "| kind | innermost op that launched it (input shapes) | kernels | ms |",
                   "| --- | --- | --- | --- |"]
@@ -850,6 +848,7 @@ PARITY_SECTIONS = ("two-h200", "cpu-gloo")
 def parity_table(results: list[dict], first: int = 10) -> str:
     """Markdown: one row per `parity` run (its losses.json: label, steps, weight_drift): the largest relative loss
     difference |L_1 - L_N| / L_1 over the first `first` steps and over all, and the final weights' drift."""
+    first = min(first, max((len(r["steps"]) for r in results), default=first))
     lines = [f"| run | steps | max relative loss difference, steps 1-{first} | max over all steps (step) | "
              "final weights drift |", "| --- | --- | --- | --- | --- |"]
     for r in results:
@@ -939,6 +938,10 @@ def compile_parity_table(loss: dict[str, list[float]]) -> str:
 
 # --- rl-signal: is the copy task learnable from its reward? --------------------------------------------------
 
+RL_SIGNAL_OPTIONS = {"mode": None, "alphabet": "0123", "lr": 1e-3, "steps": 100, "prompts": 32, "group_size": 8,
+                     "entropy_coef": 0.0}  # one run's options and their defaults; --docs takes the rows' own
+
+
 RL_SIGNAL_ROWS = (  # rl.md's table, `rl-signal --docs`: (mode, alphabet, entropy bonus, steps), 64 prompts x 8
     ("supervised", "0123", 0.0, 50),
     ("grpo", "0123", 0.0, 150),
@@ -948,8 +951,8 @@ RL_SIGNAL_ROWS = (  # rl.md's table, `rl-signal --docs`: (mode, alphabet, entrop
 RL_SIGNAL_AT = (10, 25, 50, 100, 150, 200)  # the steps whose accuracy the table shows
 
 
-def rl_signal(mode: str, *, flavor: str = "tiny", alphabet: str = "0123", lr: float = 1e-3, steps: int = 100,
-              prompts: int = 32, group_size: int = 8, entropy_coef: float = 0.0) -> list[tuple[int, float, float]]:
+def rl_signal(mode: str, *, flavor: str, alphabet: str, lr: float, steps: int, prompts: int, group_size: int,
+              entropy_coef: float) -> list[tuple[int, float, float]]:
     """Supervised vs policy-gradient updates of a fresh model on the one-symbol copy task (`<bos> s =` -> `s`),
     on the CPU: the model's own forward (titan_fp4six.rl.forward, fast kernels) on the prompt only, no generator
     or trainer, so what it isolates is the learning signal. Returns and prints (step, mean reward, greedy copy
@@ -1024,7 +1027,12 @@ def rl_signal_table(rows: list[tuple[str, str, float, int, list[tuple[int, float
 def cmd_rl_signal(args, common):
     """Is the copy task learnable from its reward (CPU)? One run with --mode, or with --docs every row of
     docs/results/rl.md's table (RL_SIGNAL_ROWS: 64 prompts x 8 answers a step, lr 1e-3), written to its section."""
-    if not args.docs:
+    if args.docs:
+        given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                 if k in RL_SIGNAL_OPTIONS and v != RL_SIGNAL_OPTIONS[k]]
+        if given:
+            raise SystemExit(f"rl-signal --docs runs the table's own rows (RL_SIGNAL_ROWS); drop {', '.join(given)}")
+    else:
         if args.mode is None:
             raise SystemExit("rl-signal: give --mode (one run) or --docs (the rows of docs/results/rl.md's table)")
         rl_signal(args.mode, flavor=args.flavor, alphabet=args.alphabet, lr=args.lr, steps=args.steps,
@@ -1033,8 +1041,9 @@ def cmd_rl_signal(args, common):
     rows = []
     for mode, alphabet, entropy, steps in RL_SIGNAL_ROWS:
         print(f"# {mode}, alphabet {alphabet}, entropy bonus {entropy:g}, {steps} steps", flush=True)
-        rows.append((mode, alphabet, entropy, steps, rl_signal(mode, flavor=args.flavor, alphabet=alphabet,
-                                                               steps=steps, prompts=64, entropy_coef=entropy)))
+        trace = rl_signal(mode, flavor=args.flavor, alphabet=alphabet, lr=RL_SIGNAL_OPTIONS["lr"], steps=steps,
+                          prompts=64, group_size=RL_SIGNAL_OPTIONS["group_size"], entropy_coef=entropy)
+        rows.append((mode, alphabet, entropy, steps, trace))
     text = rl_signal_table(rows)
     print(text)
     results_page.write_section("rl.md", "rl-signal", text)
@@ -1108,12 +1117,9 @@ def parser() -> argparse.ArgumentParser:
     s = add("rl-signal", cmd_rl_signal, "is the copy task learnable from its reward (CPU)")
     s.add_argument("--mode", choices=("supervised", "grpo", "baseline"))
     s.add_argument("--flavor", default="tiny", help="tiny: the package's 2-layer flavor; debugmodel_moe: the recipe's")
-    s.add_argument("--alphabet", default="0123")
-    s.add_argument("--lr", type=float, default=1e-3)
-    s.add_argument("--steps", type=int, default=100)
-    s.add_argument("--prompts", type=int, default=32)
-    s.add_argument("--group-size", type=int, default=8)
-    s.add_argument("--entropy-coef", type=float, default=0.0)
+    for option, default in RL_SIGNAL_OPTIONS.items():
+        if option != "mode":
+            s.add_argument(f"--{option.replace('_', '-')}", type=type(default), default=default)
     s.add_argument("--docs", action="store_true", help=f"{results_page.DOCS_HELP} (every row of rl.md's table)")
     return p
 

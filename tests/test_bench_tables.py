@@ -1,6 +1,7 @@
 """scripts.bench's results tables: the markdown its *_table functions build from measured numbers (made-up numbers
 here, on the CPU), and its --docs runs writing them into their sections of docs/results/ (a copy of the page)."""
 
+import argparse
 import itertools
 import json
 import re
@@ -151,8 +152,20 @@ def results(tmp_path, monkeypatch):
     return pages
 
 
+def test_docs_refuses_a_smoke_run():
+    args = argparse.Namespace(quick=True)
+    problem = bench.docs_run_problem(args)
+    assert problem == ("--quick shapes are a smoke test, not the table's shapes" if torch.cuda.is_available()
+                       else "the tables are GPU measurements and this machine has no CUDA device")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            bench.main(["ops", "--docs"])
+
+
 def _run(monkeypatch, *argv):
-    """bench.main(argv) as `python -m scripts.bench ARGV` runs it (the provenance line names that command)."""
+    """bench.main(argv) as `python -m scripts.bench ARGV` runs it (the provenance line names that command); the
+    smoke runs here write into a copy of the page, so the guard against smoke runs on the real one is lifted."""
+    monkeypatch.setattr(bench, "docs_run_problem", lambda args: None)
     class Main:
         class __spec__:  # noqa: N801 - the attribute python -m sets
             name = "scripts.bench"
@@ -221,7 +234,8 @@ def test_gemm_docs_writes_its_section(results, fake_times, monkeypatch):
                           "| quick grouped, 512 rows | 7.000 | 1.1x | 1.3x | 1.4x | 1.6x | 1.7x |"]
 
 
-def test_kernels_docs_refuses_a_part_without_a_table():
+def test_kernels_docs_refuses_a_part_without_a_table(monkeypatch):
+    monkeypatch.setattr(bench, "docs_run_problem", lambda args: None)
     with pytest.raises(SystemExit, match="no results page has its table"):
         bench.main(["kernels", "--only", "epilogue", "--docs"])
 
