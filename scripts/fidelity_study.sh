@@ -13,7 +13,7 @@
 #        (the full NVFP4 recipe: every operand FP4 in both passes, stochastic gradients, RHT on the wgrad inputs).
 # BOUNDS=1 adds the scale-bound variants (NVFP4 with B=256, 4/6 with B=448); BUDGET caps each slice's seconds;
 # JOBS sets the runs at once per slice; REPORT_ONLY=1 trains nothing: it unpacks the archives and writes each
-# slice's report (compare.md/.json/.png), e.g. on the CPU before `python3 -m scripts.report fidelity OUT_DIR`.
+# slice's report (compare.md/.json/.png), e.g. on the CPU before `python3 -m scripts.report fidelity OUT_DIR --docs`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/fidelity_study.sh OUT_DIR SLICE...}

@@ -12,7 +12,8 @@
 
 With --docs, a command writes its table into its section of a results page (scripts/results_page.py): `table`
 and `perf` the first tables of docs/results/speed.md, `throughput`, `compare-profiles` and `project` the later
-sections of speed.md they name, `parity-table` docs/results/parity.md's, `compile-parity` docs/results/compile.md's.
+sections of speed.md they name, `parity-table` docs/results/parity.md's, `compile-parity` docs/results/compile.md's,
+`rl-signal` (the table's own rows) docs/results/rl.md's.
 
 Every training is `python -m titan_fp4six.train` in a subprocess, started by the package's one launcher
 (titan_fp4six/integration/launch.py, as `python -m titan_fp4six.compare` starts its runs): the trainer users run

@@ -35,12 +35,14 @@ def test_every_table_is_written_by_a_script(page):
         quoted = rf"[\"']{re.escape(name)}[\"']"
         named = [ln for ln in source.splitlines() if re.search(quoted, ln)
                  and not re.search(r"\badd(?:_parser)?\(\s*" + quoted, ln)]  # a subcommand of that name is no writer
-        assert "write_section(" in source and named, (
-            f"{page.name}: section {name!r} names {writer}, which does not write it")
+        assert "write_section(" in source and named and page.name in source, (
+            f"{page.name}: section {name!r} names {writer}, which does not write it (or not on this page)")
         first = body.lstrip().splitlines()[0] if body.strip() else ""
-        assert first.startswith("Written by `") or (first.startswith("Copied by hand from") and "--docs" in body), (
+        copied = body.split("\n\n")[0]  # the paragraph that heads a copied section
+        assert first.startswith("Written by `") or (first.startswith("Copied by hand from") and "--docs" in copied
+                                                    and writer in copied), (
             f"{page.name}: section {name!r} must start with its provenance (\"Written by `COMMAND`\" or \"Copied by "
-            f"hand from ...\" naming the `--docs` run that rewrites it), not {first[:60]!r}")
+            f"hand from ...\" naming the `python -m {writer} ... --docs` run that rewrites it), not {first[:60]!r}")
         inside.update(line for line in body.splitlines() if line.startswith("|"))
     loose = [line for line in text.splitlines() if line.startswith("|") and line not in inside]
     assert not loose, f"{page.name}: tables outside any written section, first: {loose[0][:80]!r}"
