@@ -421,8 +421,8 @@ def cmd_profile(args, common):
 
 # --- compare-profiles: two profiled steps side by side ------------------------------------------------------------
 
-# speed.md's sections written by `compare-profiles --docs KEY`: the kinds table, then (full) the recipe's by op
-PROFILE_SECTIONS = {"full": ("full-kinds", "full-by-op"), "compiled": ("compiled-kinds",)}
+# `compare-profiles --docs PAIR`: speed.md's sections of that pair of profiles and the table each one shows
+PROFILE_SECTIONS = {"full": {"full-kinds": "kinds", "full-by-op": "by-op"}, "compiled": {"compiled-kinds": "kinds"}}
 
 
 def _profile_label(path: Path) -> str:
@@ -438,8 +438,8 @@ def cmd_compare_profiles(args, common):
     labels = tuple(args.labels) if args.labels else (_profile_label(args.twin), _profile_label(args.recipe))
     tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe)}
     print(tables["kinds"] + "\n\n" + tables["by-op"])
-    for name in PROFILE_SECTIONS.get(args.docs, ()):
-        results_page.write_section(SPEED, name, tables["by-op" if name.endswith("-by-op") else "kinds"])
+    for name, table in PROFILE_SECTIONS.get(args.docs, {}).items():
+        results_page.write_section(SPEED, name, tables[table])
 
 
 # --- project: a profiled Hopper step projected onto Blackwell (B200) --------------------------------------------
