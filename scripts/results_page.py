@@ -42,6 +42,11 @@ def provenance(command: str | None = None) -> str:
             f"Machine: {machine()}.")
 
 
+def _relative(text: str) -> str:
+    """Paths inside the checkout as a reader's checkout has them: relative to its root, not this machine's."""
+    return text.replace(f"{REPO}/", "").replace(str(REPO), ".")
+
+
 def _path(page: str | Path) -> Path:
     path = Path(page)
     return path if path.is_absolute() else RESULTS / path
@@ -77,7 +82,8 @@ def write_section(page: str | Path, name: str, body: str, command: str | None = 
     while start["name"] != name:
         start = _BEGIN.search(text, start.end())
     stop = text.index(f"<!-- end {name} -->", start.end())
-    path.write_text(f"{text[:start.end()]}\n{provenance(command)}\n\n{body.strip()}\n{text[stop:]}")
+    path.write_text(f"{text[:start.end()]}\n{_relative(provenance(command))}\n\n{_relative(body.strip())}\n"
+                    f"{text[stop:]}")
     print(f"wrote section {name!r} of {path}", file=sys.stderr)
     return path
 
@@ -86,6 +92,6 @@ def write_page(page: str | Path, writer: str, text: str) -> Path:
     """Write a whole page, marked as `writer`'s (a `scripts.*` module) so no one edits it by hand."""
     path = _path(page)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"<!-- page written by {writer}; edit the script, not this page -->\n{text.lstrip()}")
+    path.write_text(f"<!-- page written by {writer}; edit the script, not this page -->\n{_relative(text.lstrip())}")
     print(f"wrote {path}", file=sys.stderr)
     return path

@@ -77,6 +77,14 @@ def test_write_section_names_the_page_and_the_missing_section(tmp_path):
         write_section(page, "speed", "x")
 
 
+def test_written_paths_are_relative_to_the_checkout(tmp_path):
+    page = _page(tmp_path)
+    write_section(page, "speed", f"| {results_page.REPO}/outputs/x |", command=f"python -m scripts.bench --out "
+                  f"{results_page.REPO}/outputs/run")
+    body = sections(page.read_text())["speed"][1]
+    assert str(results_page.REPO) not in body and "--out outputs/run`" in body and "| outputs/x |" in body
+
+
 def test_write_page_marks_the_writer(tmp_path):
     page = write_page(tmp_path / "whole.md", "scripts.rl_sync", "# Whole\n\nbody\n")
     first, *rest = page.read_text().splitlines()
