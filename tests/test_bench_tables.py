@@ -6,13 +6,13 @@ import itertools
 import json
 import re
 import shutil
-import sys
 
 import pytest
 import torch
 
 from scripts import bench, results_page
 from scripts.results_page import RESULTS, sections
+from tests.helpers.as_module import as_module
 
 
 def test_quantize_table():
@@ -166,12 +166,7 @@ def _run(monkeypatch, *argv):
     """bench.main(argv) as `python -m scripts.bench ARGV` runs it (the provenance line names that command); the
     smoke runs here write into a copy of the page, so the guard against smoke runs on the real one is lifted."""
     monkeypatch.setattr(bench, "docs_run_problem", lambda args: None)
-    class Main:
-        class __spec__:  # noqa: N801 - the attribute python -m sets
-            name = "scripts.bench"
-
-    monkeypatch.setitem(sys.modules, "__main__", Main)
-    monkeypatch.setattr(sys, "argv", ["/abs/scripts/bench.py", *argv])
+    as_module(monkeypatch, "scripts.bench", *argv)
     bench.main(list(argv))
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from scripts import report
 from scripts.results_page import sections
+from tests.helpers.as_module import as_module
 from titan_fp4six.compare.report import Outcome, VariantSummary, markdown, summarize, to_json
 from titan_fp4six.compare.stats import mean_interval
 
@@ -111,12 +112,13 @@ def test_fidelity_docs_writes_the_verdicts_and_each_slices_compare_md(tmp_path, 
     page.write_text("".join(f"## {n}\n\n<!-- begin {n} (scripts.report) -->\nold\n<!-- end {n} -->\n\n"
                             for n in ("fidelity-verdicts", "qwen3_base", "deepseek_base", "qwen3_all")))
     monkeypatch.setattr(report, "DOCS", docs)
+    as_module(monkeypatch, "scripts.report", "fidelity", str(study), "--docs")
     report.main(["fidelity", str(study), "--docs"])
     marked = sections(page.read_text())
     assert marked["deepseek_base"][1] == "old"  # no slice folder: its section stays as it was
     for name in ("qwen3_base", "qwen3_all"):
         body = marked[name][1]
-        assert body.startswith("Written by `python -m ") and body.endswith((study / name / "compare.md").read_text()
+        assert body.startswith("Written by `python -m scripts.report fidelity ") and body.endswith((study / name / "compare.md").read_text()
                                                                              .strip())
     assert marked["fidelity-verdicts"][1].split("\n\n", 1)[1] == report.fidelity_verdicts(study).strip()
     assert (docs / "fidelity" / "verdicts.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

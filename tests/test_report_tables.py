@@ -9,6 +9,7 @@ import pytest
 
 from scripts import report
 from scripts.results_page import sections
+from tests.helpers.as_module import as_module
 
 
 def _page(path, *names, writer="scripts.report"):
@@ -35,12 +36,14 @@ def test_quant_error_docs_writes_this_machines_section_and_records(docs, tmp_pat
     monkeypatch.setattr(report.torch.cuda, "is_available", lambda: False)  # the CPU's section, whatever runs this
     page = _page(docs / "results" / "quant_error.md", "quant-error-gpu", "quant-error-cpu")
     out = tmp_path / "out"
-    report.main(["quant-error", "--out", str(out), "--no-capture", "--synthetic-size", "32", "--docs"])
+    argv = ["quant-error", "--out", str(out), "--no-capture", "--synthetic-size", "32", "--docs"]
+    as_module(monkeypatch, "scripts.report", *argv)
+    report.main(argv)
     table = (out / "quant_error.md").read_text().strip()
     marked = sections(page.read_text())
     assert marked["quant-error-gpu"] == ("scripts.report", "stale quant-error-gpu")  # another machine's: untouched
     body = marked["quant-error-cpu"][1]
-    assert body.startswith("Written by `python -m ") and body.endswith(table)
+    assert body.startswith("Written by `python -m scripts.report quant-error ") and body.endswith(table)
     assert table.startswith("| config | gaussian | heavy-tailed | outlier-rich |")
     record = json.loads(gzip.decompress((docs / "results" / "quant_error_cpu.json.gz").read_bytes()))
     assert record == json.loads((out / "quant_error.json").read_text())
@@ -112,17 +115,19 @@ def _fidelity_record(folder, config, gemms, scale):
     return folder
 
 
-def test_per_layer_table_and_docs(docs, tmp_path):
+def test_per_layer_table_and_docs(docs, tmp_path, monkeypatch):
     a = _fidelity_record(tmp_path / "a", "base.toml", 24, 1.04)
     b = _fidelity_record(tmp_path / "b", "all.toml", 56, 1.0)
     del_key = json.loads((b / "fidelity.json").read_text())
     del del_key["mean"]["mse_w/nvfp4"]  # a metric the record lacks: "-"
     (b / "fidelity.json").write_text(json.dumps(del_key))
     page = _page(docs / "results" / "fidelity.md", "fidelity-verdicts", "per-layer")
-    report.main(["per-layer", str(a), str(b / "fidelity.json"), "--docs"])
+    argv = ["per-layer", str(a), str(b / "fidelity.json"), "--docs"]
+    as_module(monkeypatch, "scripts.report", *argv)
+    report.main(argv)
     body = sections(page.read_text())["per-layer"][1]
     lines = body.splitlines()
-    assert lines[0].startswith("Written by `python -m ")
+    assert lines[0].startswith("Written by `python -m scripts.report per-layer ")
     assert lines[2] == ("| recipe (model, GEMMs) | fwd SNR dB | map-to-4 | MSE x | MSE w | quantized dX cos | "
                         "quantized dW cos | dequantized dX cos | dequantized dW cos |")
     assert lines[4].startswith("| `base.toml` (qwen3 debugmodel_moe, 24) | 17.50 / 18.20 | 0.000 / 0.427 | "

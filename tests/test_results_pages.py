@@ -2,12 +2,12 @@
 page a script writes whole, or in a marked section whose writer module exists and writes that section."""
 
 import re
-import sys
 
 import pytest
 
 from scripts import results_page
 from scripts.results_page import RESULTS, sections, write_page, write_section
+from tests.helpers.as_module import as_module
 
 ROOT = RESULTS.parents[1]
 PAGES = sorted(RESULTS.glob("*.md"))
@@ -92,10 +92,5 @@ def test_write_page_marks_the_writer(tmp_path):
 
 
 def test_command_line_is_what_a_user_types(monkeypatch):
-    class Main:
-        class __spec__:  # noqa: N801 - the attribute python -m sets
-            name = "scripts.bench"
-
-    monkeypatch.setitem(sys.modules, "__main__", Main)
-    monkeypatch.setattr(sys, "argv", ["/abs/scripts/bench.py", "quantize", "--out", "a b", "--docs"])
+    as_module(monkeypatch, "scripts.bench", "quantize", "--out", "a b", "--docs")
     assert results_page.command_line() == "python -m scripts.bench quantize --out 'a b' --docs"
