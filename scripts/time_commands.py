@@ -25,6 +25,8 @@ from scripts.provenance import REPO
 
 PAGE = "commands.md"
 PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([\d.]+)s", re.M)
+WARNINGS = re.compile(r",? \d+ warnings?")
+TEST_STAGES = ("the suite", "the 0.3 stage", "vLLM generator and export", "vLLM plugin")  # scripts/test.sh's order
 LOSS = re.compile(r"step:\s*(\d+)\b.*?\bloss:\s*(-?[\d.]+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RL_RECIPE = "configs/rl_grpo_qwen3_moe_debug_nvfp4_four_over_six.toml"
@@ -40,9 +42,12 @@ def duration(seconds: float) -> str:
     return f"{minutes} min {s} s" if minutes else f"{s} s"
 
 
-def pytest_stages(log: str) -> str:
-    """pytest's summary lines in the order the stages ran: `1185 passed, 162 skipped (8 min 41 s)`."""
-    return "; ".join(f"{what} ({duration(float(s))})" for what, s in PYTEST_SUMMARY.findall(ANSI.sub("", log)))
+def pytest_stages(log: str, names: tuple[str, ...] = ()) -> str:
+    """pytest's summary lines in the order the stages ran, named by `names` where given, warnings left out:
+    `the suite: 1185 passed, 162 skipped (8 min 41 s)`."""
+    stages = PYTEST_SUMMARY.findall(ANSI.sub("", log))
+    return "; ".join((f"{names[i]}: " if i < len(names) else "") + f"{WARNINGS.sub('', what)} ({duration(float(s))})"
+                     for i, (what, s) in enumerate(stages))
 
 
 def losses(log: str) -> str:
@@ -90,7 +95,8 @@ def readme_rows(workdir: Path) -> list[str]:
     env.pop("PYTHONPATH", None)
     rows = []
     seconds, log, rc = timed("bash scripts/test.sh", clone, env)
-    rows.append(row("bash scripts/test.sh", seconds, f"in a new venv: {pytest_stages(log) or last_line(log)}", rc))
+    stages = pytest_stages(log, TEST_STAGES) or last_line(log)
+    rows.append(row("bash scripts/test.sh", seconds, f"in a new venv: {stages}", rc))
     seconds, log, rc = timed("bash scripts/train.sh", clone, env)
     rows.append(row("bash scripts/train.sh", seconds, f"then, in that venv: {losses(log)}", rc))
     return rows

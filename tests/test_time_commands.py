@@ -8,8 +8,9 @@ from scripts.time_commands import duration, losses, main, pytest_stages, row
 def test_pytest_stages_in_order_with_their_times():
     log = ("....\n1185 passed, 162 skipped in 521.30s (0:08:41)\nsetup log\n"
            "==== 43 passed in 40.02s ====\n\x1b[32m19 passed, 2 warnings in 71.5s\x1b[0m\n")
-    assert pytest_stages(log) == ("1185 passed, 162 skipped (8 min 41 s); 43 passed (40 s); "
-                                  "19 passed, 2 warnings (1 min 12 s)")
+    assert pytest_stages(log) == "1185 passed, 162 skipped (8 min 41 s); 43 passed (40 s); 19 passed (1 min 12 s)"
+    assert pytest_stages(log, ("suite", "0.3")) == ("suite: 1185 passed, 162 skipped (8 min 41 s); 0.3: 43 passed "
+                                                    "(40 s); 19 passed (1 min 12 s)")
     assert pytest_stages("1 failed, 3 passed in 2.00s") == "1 failed, 3 passed (2 s)"
 
 
