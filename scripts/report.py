@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scripts.results_page import DOCS_HELP, write_section
+from scripts.results_page import DOCS_HELP, read_records, write_section
 from titan_fp4six import four_over_six_quantize, nvfp4_dequantize, nvfp4_quantize, row_amax, tensor_amax
 from titan_fp4six.modules.fidelity import relative_mse
 
@@ -695,12 +695,7 @@ def per_layer_table(records: list[dict]) -> str:
 
 
 def cmd_per_layer(args):
-    records = []
-    for folder in args.dirs:
-        path = folder / "fidelity.json" if folder.is_dir() else folder
-        if not path.is_file():
-            raise SystemExit(f"{path}: no fidelity.json (`python -m titan_fp4six.fidelity ... --out {folder}`)")
-        records.append(json.loads(path.read_text()))
+    records = read_records(args.dirs, "fidelity.json", "python -m titan_fp4six.fidelity ... --out DIR")
     table = per_layer_table(records)
     print(table)
     if args.docs:

@@ -16,6 +16,7 @@ or page, and that the script named in the marker writes it.
 from __future__ import annotations
 
 import datetime
+import json
 import re
 import shlex
 import sys
@@ -67,6 +68,18 @@ def sections(text: str) -> dict[str, tuple[str, str]]:
     return found
 
 
+def read_records(paths: list[Path], file_name: str, writer: str) -> list[dict]:
+    """The JSON record `file_name` of each run folder in `paths` (or the file itself), in order: what a table is
+    built from. A missing one stops the command, naming the command `writer` that makes it."""
+    records = []
+    for path in paths:
+        file = path / file_name if path.is_dir() else path
+        if not file.is_file():
+            raise SystemExit(f"{file}: no {file_name} (`{writer}` writes it)")
+        records.append(json.loads(file.read_text()))
+    return records
+
+
 def write_section(page: str | Path, name: str, body: str, command: str | None = None) -> Path:
     """Replace section `name` of `page` (a file name in docs/results/, or a path) with the provenance line and `body`.
 
@@ -78,9 +91,7 @@ def write_section(page: str | Path, name: str, body: str, command: str | None = 
     if name not in marked:
         raise SystemExit(f"{path} has no section {name!r}; add `<!-- begin {name} (scripts.MODULE) -->` and "
                          f"`<!-- end {name} -->` where its table belongs (sections there: {sorted(marked) or 'none'})")
-    start = _BEGIN.search(text, 0)
-    while start["name"] != name:
-        start = _BEGIN.search(text, start.end())
+    start = next(m for m in _BEGIN.finditer(text) if m["name"] == name)
     stop = text.index(f"<!-- end {name} -->", start.end())
     path.write_text(f"{text[:start.end()]}\n{_relative(provenance(command))}\n\n{_relative(body.strip())}\n"
                     f"{text[stop:]}")

@@ -864,12 +864,7 @@ def parity_table(results: list[dict], first: int = 10) -> str:
 def cmd_parity_table(args, common):
     """The table of one or more `parity` output directories (their losses.json), in the order given; --docs NAME
     writes it into that section of docs/results/parity.md."""
-    results = []
-    for out in args.outs:
-        path = out / "losses.json"
-        if not path.is_file():
-            raise SystemExit(f"{path} does not exist: run `python -m scripts.runs parity --out {out} ...` first")
-        results.append(json.loads(path.read_text()))
+    results = results_page.read_records(args.outs, "losses.json", "python -m scripts.runs parity --out DIR ...")
     md = parity_table(results)
     print(md)
     if args.docs:
