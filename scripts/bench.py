@@ -1,9 +1,10 @@
 """Benchmarks of the quantizer kernels and the four-over-six ops, every figure a ratio measured in the same run.
 
     python -m scripts.bench quantize [--rep-ms 200] [--rounds 3]    # Triton 4/6 quantizer vs copy, reference, NVFP4
-    python -m scripts.bench kernels [--only operands|epilogue|columns|prologue]  # operand kernels, epilogue,
-                                      # row amax; columns: columnwise launch-shape sweep; prologue: the decode's
-                                      # share of the full recipe's grouped operands, a plain Triton GEMM vs cuBLAS
+    python -m scripts.bench kernels [--only operands|epilogue|columns|prologue|layouts]  # operand kernels,
+                                      # epilogue, row amax; columns: columnwise launch-shape sweep; prologue: the
+                                      # decode's share of the full recipe's grouped operands, a plain Triton GEMM
+                                      # vs cuBLAS; layouts: each 4/6 layout of the full recipe vs plain NVFP4
     python -m scripts.bench gemm [--quick]                          # fwd+bwd of the GEMMs at model shapes vs bf16
     python -m scripts.bench ops [--iters 50] [--json OUT.json]      # 1024^3 linear per backward mode, public quantize
     python -m scripts.bench compare --before A*.json --after B*.json  # `ops --json` runs of two trees compared
@@ -562,12 +563,82 @@ def prologue_budget(rep_ms, rounds) -> tuple[str, str]:
     return operands, prologue_gemm_table(gemms)
 
 
+# The layouts in which the full 4/6 recipe quantizes an operand by 4/6, each against the plain NVFP4 full recipe's
+# quantization of the same operand (its twin: map-to-6 only, scale bound 448, the same block and kernel), both with
+# the bf16 decode the emulated GEMMs read on Hopper, or without it (the Blackwell path's operands).
+LAYOUT_EXPERTS = 64  # equal token groups of the grouped layouts
+
+
+def layout_kernels(m, k, rep_ms, rounds) -> dict:
+    """Each 4/6 layout of the full recipe (rows with a per-tensor or per-token-group amax, 16x16 weight tiles,
+    x^T read columnwise or by token blocks) against its plain-NVFP4 twin on the same bytes, with and without the
+    decode. Printed; returns {(layout, decode): {"fos": ms, "nvfp4": ms}}."""
+    from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
+    from titan_fp4six.quant.amax import run_token_groups
+    from titan_fp4six.quant.recipe import plain_nvfp4
+
+    x = _bf16_input(m, k)
+    amax = tensor_amax(x)
+    offs = (torch.arange(1, LAYOUT_EXPERTS + 1, device="cuda") * (m // LAYOUT_EXPERTS)).to(torch.int32)
+    group_amax, group_of_row, _ = run_token_groups(x, offs, False, "reference")
+    groups = RowGroups(group_of_row, LAYOUT_EXPERTS, amax_by_group=True)
+    blocks = TokenBlocks.of(offs, m)
+    full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
+    recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
+    layouts = {  # name: (the operand role whose spec it quantizes by, grouped, call)
+        "rows, per-tensor amax (dense x)": ("x", False, lambda spec, d: kq.quantize(x, amax, spec, d, map4=False)),
+        "rows, per-group amax (grouped x)": ("x", True, lambda spec, d: kq.quantize(x, group_amax, spec, d,
+                                                                                    groups=groups, map4=False)),
+        "16x16 tiles (weights)": ("w", False, lambda spec, d: kq.quantize(x, amax, spec, d, map4=False)),
+        "columns (dense x^T, wgrad)": ("x_t", False, lambda spec, d: kq.quantize_columnwise(x, amax, spec, d,
+                                                                                           map4=False)),
+        "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
+            x, blocks, group_amax, spec, d)),
+    }
+    specs = {(name, which): getattr(recipes[which].plan(grouped), role)
+             for name, (role, grouped, _) in layouts.items() for which in recipes}
+    fns = {(name, d, which): (lambda f=f, spec=specs[(name, which)], d=d: f(spec, d))
+           for name, (_, _, f) in layouts.items() for d in (True, False) for which in recipes}
+    t = _least_of_rounds(fns, rep_ms, rounds)
+    print(f"\n{m}x{k} bf16 x, {LAYOUT_EXPERTS} token groups\n\n| layout | decode | 4/6 ms | NVFP4 ms | 4/6 / NVFP4 |"
+          "\n|---|---|---|---|---|")
+    out = {}
+    for name in layouts:
+        for d in (True, False):
+            r = out[(name, d)] = {"fos": t[(name, d, "fos")], "nvfp4": t[(name, d, "nvfp4")]}
+            print(f"| {name} | {d} | {r['fos']:.3f} | {r['nvfp4']:.3f} | {r['fos'] / r['nvfp4']:.2f}x |", flush=True)
+    return out
+
+
+LAYOUT_TARGET = 1.15  # each 4/6 layout's kernel time within this factor of plain NVFP4's on the same bytes
+
+
+def layouts_table(by_shape: dict) -> str:
+    """speed.md's kernels-layouts section: each 4/6 layout's kernel time over plain NVFP4's at each shape of
+    `kernels --only layouts`, with and without the decode, against LAYOUT_TARGET."""
+    shapes = " / ".join(f"{m}x{k}" for m, k in by_shape)
+    lines = [f"| layout (4/6 / plain NVFP4 kernel time at {shapes}) | with the decode (Hopper) | without "
+             f"(Blackwell) | target | met |", "| --- | --- | --- | --- | --- |"]
+    first = next(iter(by_shape.values()))
+    for name in dict.fromkeys(n for n, _ in first):
+        cells, met = [], True
+        for d in (True, False):
+            ratios = [r[(name, d)]["fos"] / r[(name, d)]["nvfp4"] for r in by_shape.values()]
+            met &= max(ratios) <= LAYOUT_TARGET
+            cells.append(" / ".join(f"{x:.2f}x" for x in ratios) + " (" + " / ".join(
+                f"{r[(name, d)]['fos']:.3f} vs {r[(name, d)]['nvfp4']:.3f} ms" for r in by_shape.values()) + ")")
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | <= {LAYOUT_TARGET:.2f}x | {'yes' if met else 'no'} |")
+    return "\n".join(lines)
+
+
 KERNELS_DOCS = {  # `kernels --only X --docs`: the (page, section) of each table X measures (None: no --only)
     None: ((SPEED_PAGE, "kernels-operands"), ),
     "operands": ((SPEED_PAGE, "kernels-operands"), ),
     "epilogue": (),  # quoted in prose only (speed.md, kernels.md), no table
     "columns": ((KERNELS_PAGE, "kernels-columns"), ),
     "prologue": ((SPEED_PAGE, "prologue-operands"), (SPEED_PAGE, "prologue-gemm")),
+    "layouts": ((SPEED_PAGE, "kernels-layouts"), ),
 }
 
 
@@ -586,6 +657,9 @@ def cmd_kernels(args):
         tables["kernels-columns"] = "\n".join(column_launches(m, k, args.rep_ms, args.rounds) for m, k in KERNEL_SHAPES)
     if args.only == "prologue":
         tables["prologue-operands"], tables["prologue-gemm"] = prologue_budget(args.rep_ms, args.rounds)
+    if args.only == "layouts":
+        tables["kernels-layouts"] = layouts_table(
+            {(m, k): layout_kernels(m, k, args.rep_ms, args.rounds) for m, k in KERNEL_SHAPES[:2]})
     if args.docs:
         for page, name in KERNELS_DOCS[args.only]:
             results_page.write_section(page, name, tables[name])
@@ -949,7 +1023,7 @@ def main(argv=None) -> None:
         s.add_argument("--rounds", type=int, default=3, help="rounds per case; each time is the least median")
         s.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
         s.set_defaults(run=fn)
-    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns", "prologue"),
+    sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns", "prologue", "layouts"),
                                         help="one part of the benchmark (columns: the columnwise launch sweep; "
                                              "prologue: what a decode-in-prologue GEMM would save and cost; both "
                                              "only when asked)")

@@ -94,7 +94,7 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> int:
 # --- throughput: tokens/s and peak memory of bf16 vs 4/6 recipes, eager and compiled, as ratios ----------------
 
 MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
-THROUGHPUT_SECTIONS = ("full-vs-nearest", "full-vs-bf16")  # speed.md's sections of a `throughput` table
+THROUGHPUT_SECTIONS = ("full-vs-nearest", "full-vs-bf16", "choice-vs-nvfp4")  # speed.md's sections of a `throughput` table
 
 
 def steady_state(rows: list[dict], warmup: int) -> dict:
@@ -422,7 +422,8 @@ def cmd_profile(args, common):
 # --- compare-profiles: two profiled steps side by side ------------------------------------------------------------
 
 # `compare-profiles --docs PAIR`: speed.md's sections of that pair of profiles and the table each one shows
-PROFILE_SECTIONS = {"full": {"full-kinds": "kinds", "full-by-op": "by-op"}, "compiled": {"compiled-kinds": "kinds"}}
+PROFILE_SECTIONS = {"full": {"full-kinds": "kinds", "full-by-op": "by-op"}, "compiled": {"compiled-kinds": "kinds"},
+                    "choice": {"choice-kinds": "kinds"}}
 
 
 def _profile_label(path: Path) -> str:
@@ -433,7 +434,8 @@ def cmd_compare_profiles(args, common):
     """Two profiles of `profile` (the bf16 twin's .profile.json, then the recipe's) side by side: kernel time and
     kernels by kind and the recipe's extra ms, then the recipe's kernel time by the plugin op that launched it.
     --docs full writes both tables into docs/results/speed.md's sections of the full recipe's step, --docs
-    compiled the first into the compiled experts recipe's."""
+    compiled the first into the compiled experts recipe's, --docs choice the first into the full 4/6 recipe's
+    against plain NVFP4's (the NVFP4 profile given as the twin)."""
     twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
     labels = tuple(args.labels) if args.labels else (_profile_label(args.twin), _profile_label(args.recipe))
     tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe)}
