@@ -1025,8 +1025,9 @@ def main(argv=None) -> None:
         s.set_defaults(run=fn)
     sub.choices["kernels"].add_argument("--only", choices=("operands", "epilogue", "columns", "prologue", "layouts"),
                                         help="one part of the benchmark (columns: the columnwise launch sweep; "
-                                             "prologue: what a decode-in-prologue GEMM would save and cost; both "
-                                             "only when asked)")
+                                             "prologue: what a decode-in-prologue GEMM would save and cost; "
+                                             "layouts: each 4/6 layout against the plain NVFP4 recipe's; these "
+                                             "three only when asked)")
     s = sub.add_parser("gemm", help="fwd+bwd of the 4/6 GEMMs at model shapes vs the bf16 op")
     s.add_argument("--iters", type=int, default=5)
     s.add_argument("--warmup", type=int, default=2)

@@ -94,7 +94,8 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> int:
 # --- throughput: tokens/s and peak memory of bf16 vs 4/6 recipes, eager and compiled, as ratios ----------------
 
 MODES = {"eager": [], "compiled": ["--compile.enable", "--compile.components", "model,loss"]}
-THROUGHPUT_SECTIONS = ("full-vs-nearest", "full-vs-bf16", "choice-vs-nvfp4")  # speed.md's sections of a `throughput` table
+# speed.md's sections of a `throughput` table
+THROUGHPUT_SECTIONS = ("full-vs-nearest", "full-vs-bf16", "choice-vs-nvfp4")
 
 
 def steady_state(rows: list[dict], warmup: int) -> dict:

@@ -7,6 +7,7 @@
 # tests/conftest.py gives each an equal share of the cores). Works in a venv or the system's Python (PYTHON picks
 # another).
 set -euo pipefail
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # an interrupted run leaves no stage running in the background
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WORKERS=${TEST_WORKERS:-$("$PY" -c "import os; print(min(8, len(os.sched_getaffinity(0))))")}
