@@ -586,11 +586,14 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     blocks = TokenBlocks.of(offs, m)
     full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
     recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
+    def rows(spec, d):
+        return kq.quantize(x, amax, spec, d, map4=False)
+
     layouts = {  # name: (the operand role whose spec it quantizes by, grouped, call)
-        "rows, per-tensor amax (dense x)": ("x", False, lambda spec, d: kq.quantize(x, amax, spec, d, map4=False)),
+        "rows, per-tensor amax (dense x)": ("x", False, rows),
         "rows, per-group amax (grouped x)": ("x", True, lambda spec, d: kq.quantize(x, group_amax, spec, d,
                                                                                     groups=groups, map4=False)),
-        "16x16 tiles (weights)": ("w", False, lambda spec, d: kq.quantize(x, amax, spec, d, map4=False)),
+        "16x16 tiles (weights)": ("w", False, rows),
         "columns (dense x^T, wgrad)": ("x_t", False, lambda spec, d: kq.quantize_columnwise(x, amax, spec, d,
                                                                                            map4=False)),
         "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(

@@ -15,29 +15,28 @@ bash scripts/setup.sh
 VLLM_HERE=0
 "$PY" -c "import platform, sys, torch; sys.exit(platform.machine() != 'x86_64' or torch.__version__ != '2.13.0+cpu')" \
   && VLLM_HERE=1
+# beside CMD...: runs CMD in the background, its output kept; collect waits for it, prints that output whole and
+# returns its exit status (one such job at a time).
+beside() { BESIDE_LOG=$(mktemp); "$@" >"$BESIDE_LOG" 2>&1 & BESIDE=$!; }
+collect() { local rc=0; wait "$BESIDE" || rc=$?; cat "$BESIDE_LOG"; rm -f "$BESIDE_LOG"; return "$rc"; }
+setup_extras() { bash scripts/setup_tt03.sh && if [ "$VLLM_HERE" = 1 ]; then bash scripts/setup_vllm.sh; fi; }
 # The extra environments install (mostly download and unpack) while the suite runs; their log follows the suite's.
-EXTRAS_LOG=$(mktemp)
-( bash scripts/setup_tt03.sh && if [ "$VLLM_HERE" = 1 ]; then bash scripts/setup_vllm.sh; fi ) >"$EXTRAS_LOG" 2>&1 &
-EXTRAS=$!
+beside setup_extras
 SUITE=0
 "$PY" -m pytest -q -n "$WORKERS" tests "$@" || SUITE=$?
 EXTRAS_RC=0
-wait "$EXTRAS" || EXTRAS_RC=$?
-cat "$EXTRAS_LOG" && rm -f "$EXTRAS_LOG"
+collect || EXTRAS_RC=$?
 [ "$SUITE" = 0 ] || exit "$SUITE"
 [ "$EXTRAS_RC" = 0 ] || { echo "test.sh: setting up .venv-tt03 / .venv-vllm failed (its log above)" >&2; exit "$EXTRAS_RC"; }
 .venv-tt03/bin/python -m pytest -q -n "$WORKERS" tests/test_tt03.py tests/test_tt03_parity.py tests/test_tt03_rl.py \
   tests/test_integration_version.py "$@"
 if [ "$VLLM_HERE" = 1 ]; then
-  # Two pytest processes side by side (their engines mostly wait on one core each), each log printed whole.
-  PLUGIN_LOG=$(mktemp)
-  .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@" >"$PLUGIN_LOG" 2>&1 &
-  PLUGIN=$!
+  # Two pytest processes side by side (their engines mostly wait on one core each).
+  beside .venv-vllm/bin/python -m pytest -q tests/test_vllm_plugin.py "$@"
   GENERATOR=0
   .venv-vllm/bin/python -m pytest -q tests/test_vllm_generator.py tests/test_export.py "$@" || GENERATOR=$?
   PLUGIN_RC=0
-  wait "$PLUGIN" || PLUGIN_RC=$?
-  cat "$PLUGIN_LOG" && rm -f "$PLUGIN_LOG"
+  collect || PLUGIN_RC=$?
   [ "$GENERATOR" = 0 ] || exit "$GENERATOR"
   [ "$PLUGIN_RC" = 0 ] || exit "$PLUGIN_RC"
 else
