@@ -261,8 +261,8 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
     """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
     wall), kernel count and time, kernel time by kind (kernel_kind), by the plugin op that launched it and by the
     innermost op that did (its name and input shapes: which aten call a copy or a fill comes from), the top kernels
-    by total time, and the host time per call of the plugin's ops (titan_fp4six::*: custom ops when compiled,
-    record_function ranges in eager)."""
+    by total time, each quantize launch (its op, grid and time) and the host time per call of the plugin's ops
+    (titan_fp4six::*: custom ops when compiled, record_function ranges in eager)."""
     steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     if not steps:
         raise ValueError("no ProfilerStep#N span in the trace")
@@ -295,11 +295,15 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
                 and "correlation" in e.get("args", {})}
     under = defaultdict(lambda: defaultdict(float))
     innermost, by_op = _innermost_ops(events, t0, t1), defaultdict(lambda: [0, 0.0])
+    quantize_launches = []
     for k, kind in zip(kernels, kinds):
         launch = launches.get(k.get("args", {}).get("correlation"))
         owner = next((name for tid, b, f, name in ranges if launch is not None and launch["tid"] == tid
                       and b <= launch["ts"] < f), "outside the plugin's ops")
         under[owner][kind] += k["dur"] / 1e3
+        if kind == "quantize":
+            quantize_launches.append({"op": owner, "grid": k.get("args", {}).get("grid"), "ts": k["ts"],
+                                      "us": k["dur"]})
         op = innermost(launch) if launch is not None else None
         label = "no op" if op is None else f"{op['name']} {op.get('args', {}).get('Input Dims', '')}"[:120]
         by_op[(kind, label)][0] += 1
@@ -315,6 +319,7 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
         "kernel_ms_by_op": {op: dict(sorted(kinds.items(), key=lambda kv: -kv[1])) for op, kinds in under.items()},
         "top_launching_ops": [{"kind": kind, "op": label, "count": c, "ms": d}
                               for (kind, label), (c, d) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:top]],
+        "quantize_launches": sorted(quantize_launches, key=lambda q: (q["op"], q["ts"])),
     }
 
 
@@ -361,6 +366,33 @@ def kinds_table(twin: dict, recipe: dict, labels: tuple[str, str] = ("bf16 twin"
         lines.append(f"| {k} | {cell(a.get(k))} | {cell(b.get(k))} | {_signed(extra)} |")
     lines.append(f"| **step** | {step(twin)} | {step(recipe)} | "
                  f"**{_signed(recipe['kernel_ms'] - twin['kernel_ms'])} ms kernels** |")
+    return "\n".join(lines)
+
+
+def launches_table(twin: dict, recipe: dict, labels: tuple[str, str], top: int = 12) -> str:
+    """Markdown: the two steps' quantize launches paired in launch order within each plugin op (the same
+    operands in the same order when both recipes launch as many), summed by op and grid (the 4/6 kernel's
+    grid: the layout and shape), the recipe's extra time largest first; '' when the launches do not pair."""
+    def by_op(s):
+        out = defaultdict(list)
+        for q in s.get("quantize_launches", []):
+            out[q["op"]].append(q)
+        return out
+
+    a, b = by_op(twin), by_op(recipe)
+    if not b or {op: len(v) for op, v in a.items()} != {op: len(v) for op, v in b.items()}:
+        return ""
+    rows = defaultdict(lambda: [0, 0.0, 0.0])
+    for op in b:
+        for qa, qb in zip(a[op], b[op]):
+            row = rows[(op.removeprefix("titan_fp4six::"), str(qb["grid"]))]
+            row[0] += 1
+            row[1] += qa["us"] / 1e3
+            row[2] += qb["us"] / 1e3
+    lines = [f"| op | grid | launches | {labels[0]} ms | {labels[1]} ms | extra ms | ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (op, grid), (n, ta, tb) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2])[:top]:
+        lines.append(f"| {op} | {grid} | {n} | {ta:.2f} | {tb:.2f} | {_signed(tb - ta)} | {tb / ta:.2f}x |")
     return "\n".join(lines)
 
 
@@ -433,14 +465,15 @@ def _profile_label(path: Path) -> str:
 
 def cmd_compare_profiles(args, common):
     """Two profiles of `profile` (the bf16 twin's .profile.json, then the recipe's) side by side: kernel time and
-    kernels by kind and the recipe's extra ms, then the recipe's kernel time by the plugin op that launched it.
-    --docs full writes both tables into docs/results/speed.md's sections of the full recipe's step, --docs
+    kernels by kind and the recipe's extra ms, then the recipe's kernel time by the plugin op that launched it, and
+    the quantize launches paired one by one (launches_table). --docs full writes both tables into docs/results/speed.md's sections of the full recipe's step, --docs
     compiled the first into the compiled experts recipe's, --docs choice the first into the full 4/6 recipe's
     against plain NVFP4's (the NVFP4 profile given as the twin)."""
     twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
     labels = tuple(args.labels) if args.labels else (_profile_label(args.twin), _profile_label(args.recipe))
-    tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe)}
-    print(tables["kinds"] + "\n\n" + tables["by-op"])
+    tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe),
+              "launches": launches_table(twin, recipe, labels)}
+    print("\n\n".join(t for t in tables.values() if t))
     for name, table in PROFILE_SECTIONS.get(args.docs, {}).items():
         results_page.write_section(SPEED, name, tables[table])
 

@@ -66,6 +66,7 @@ def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
         {"kind": "GEMM", "op": "no op", "count": 1, "ms": 0.1},
         {"kind": "copies/casts", "op": "aten::copy_ [[8, 4], [8, 4]]", "count": 1, "ms": 0.06},
         {"kind": "quantize", "op": "no op", "count": 1, "ms": 0.04}]
+    assert s["quantize_launches"] == [{"op": "titan_fp4six::dense_fwd", "grid": None, "ts": 200, "us": 40}]
 
 
 def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
@@ -86,3 +87,21 @@ def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
     share = runs.DECODE_SHARE
     assert abs(got["quantize"] - (3.0 * memory * (1 - share) + 6.0 * memory * (1 - share / 3))) < 1e-12
     assert 0.4 < share < 0.5  # 2 of the 4.5625 bytes per element a bf16 quantize-with-decode moves
+
+
+def test_quantize_launches_pair_one_by_one_within_each_op():
+    """compare-profiles' launches table: the i-th quantize launch of an op in one step against the i-th in the
+    other, summed by op and grid, the largest extra first; no table when the launches do not pair."""
+    def step(durations):
+        return {"quantize_launches": [{"op": op, "grid": grid, "ts": i, "us": us}
+                                      for i, (op, grid, us) in enumerate(durations)]}
+
+    plain = step([("titan_fp4six::grouped_bwd", [8, 1, 1], 100), ("titan_fp4six::grouped_bwd", [4, 2, 1], 50),
+                  ("titan_fp4six::dense_fwd", [2, 1, 1], 10)])
+    fos = step([("titan_fp4six::grouped_bwd", [8, 1, 1], 110), ("titan_fp4six::grouped_bwd", [4, 2, 1], 150),
+                ("titan_fp4six::dense_fwd", [2, 1, 1], 12)])
+    lines = runs.launches_table(plain, fos, ("NVFP4", "4/6")).splitlines()
+    assert lines[0] == "| op | grid | launches | NVFP4 ms | 4/6 ms | extra ms | ratio |"
+    assert lines[2] == "| grouped_bwd | [4, 2, 1] | 1 | 0.05 | 0.15 | +0.1 | 3.00x |"
+    assert len(lines) == 5
+    assert runs.launches_table(plain, step([("titan_fp4six::dense_fwd", [2, 1, 1], 12)]), ("a", "b")) == ""
