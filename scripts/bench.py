@@ -571,9 +571,11 @@ LAYOUT_EXPERTS = 64  # equal token groups of the grouped layouts
 
 def layout_kernels(m, k, rep_ms, rounds) -> dict:
     """Each 4/6 layout of the full recipe (rows with a per-tensor or per-token-group amax, 16x16 weight tiles,
-    x^T read columnwise or by token blocks) against its plain-NVFP4 twin on the same bytes, with and without the
-    decode. Printed; returns {(layout, decode): {"fos": ms, "nvfp4": ms}}."""
+    x^T read columnwise or by token blocks, of equal groups or of routed ones padded as training has them)
+    against its plain-NVFP4 twin on the same bytes, with and without the decode. Printed; returns
+    {(layout, decode): {"fos": ms, "nvfp4": ms}}."""
     from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.modules.experts import GROUP_ALIGN, pad_token_groups
     from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
     from titan_fp4six.quant.amax import run_token_groups
     from titan_fp4six.quant.recipe import plain_nvfp4
@@ -584,6 +586,13 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     group_amax, group_of_row, _ = run_token_groups(x, offs, False, "reference")
     groups = RowGroups(group_of_row, LAYOUT_EXPERTS, amax_by_group=True)
     blocks = TokenBlocks.of(offs, m)
+    # x's rows dealt to the experts at random and each group padded with zero rows, as the experts module hands
+    # them to the grouped op: every group's last blocks hold a few tokens and zeros
+    dealt = torch.randint(0, LAYOUT_EXPERTS, (m, ), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    routed, sizes, _ = pad_token_groups(x, torch.bincount(dealt, minlength=LAYOUT_EXPERTS), GROUP_ALIGN)
+    routed_offs = torch.cumsum(sizes, 0).to(torch.int32)
+    routed_amax = run_token_groups(routed, routed_offs, False, "reference")[0]
+    routed_blocks = TokenBlocks.of(routed_offs, routed.shape[0])
     full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
     recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
     def rows(spec, d):
@@ -598,6 +607,8 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
                                                                                            map4=False)),
         "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
             x, blocks, group_amax, spec, d)),
+        "token blocks, routed groups padded with zero rows": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
+            routed, routed_blocks, routed_amax, spec, d)),
     }
     specs = {(name, which): getattr(recipes[which].plan(grouped), role)
              for name, (role, grouped, _) in layouts.items() for which in recipes}

@@ -9,6 +9,8 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from tests.test_kernels_codegen import FOUR_SIX_FMAS  # noqa: E402
+
 
 def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
     """PTX of fn; `divisible` names the arguments Triton may assume multiples of 16 (as its launcher specializes
@@ -60,10 +62,10 @@ def _check_rounding(ptx: str) -> None:
 
 @pytest.mark.parametrize("token_blocks", (False, True))
 def test_columnwise_four_over_six_with_decode(token_blocks):
-    """Same explicit FMAs as the row-major 1x16 kernel: two per element and candidate, three per candidate's
-    bounds, two for div6, four per candidate's Newton inverse scale; read by token blocks (step 1 per block) too."""
+    """Same explicit FMAs as the row-major 1x16 kernel (test_kernels_codegen.FOUR_SIX_FMAS); read by token
+    blocks (step 1 per block) too."""
     ptx = _quantizer_ptx(1, True, True, token_blocks=token_blocks)
-    assert _fmas(ptx) == 2 * 16 * 2 + 3 * 2 + 2 + 4 * 2
+    assert _fmas(ptx) == FOUR_SIX_FMAS
     assert re.search(r"\bdiv\.rn\.f32\b", ptx)
     _check_rounding(ptx)
 

@@ -106,6 +106,39 @@ def fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl
     return lo, hi, err
 
 
+# Blocks the bounds cannot settle are mostly exact ties, err4 == err6, which keep map-to-6. One kind needs no
+# error at all: both candidates decode every element to the same value, v4_i * s4 == v6_i * s6 (products of at
+# most 3 and 4 significant bits, exact in FP32), so the spec's val_i, its differences and its sums are bitwise
+# the same for both. decode_tie checks the sufficient s4 == 1.5 s6 and v6_i == 1.5 v4_i (pairs of values (0, 0),
+# (1, 1.5), (2, 3), (4, 6)). It is what a block of one or two nonzero values usually is (a token block of a
+# group's last few tokens: a third of one-value blocks), where the exact path would redo every chunk holding
+# one. Such a block's fast-path codes (fast setting: exact codes) and scale are map-to-6's, which is what the
+# fast path wrote for it (an unsettled block is never picked as map-to-4).
+
+
+@triton.jit
+def decode_tie(x_ptr, word, ok, s_enc, s_dec, neg_s_dec, row_fast, KIND: tl.constexpr, TILE16: tl.constexpr,
+               TRANSPOSED: tl.constexpr, PTX: tl.constexpr):
+    """Whether a block is in the fast setting and both its candidates decode every element to the same value (the
+    comment above): an exact error tie, settled as map-to-6. Reads the block again, one element at a time in
+    runtime loops as the exact path does (few registers), and recomputes the chunk loop's scales bit for bit. A
+    16x16 tile ties when each of its rows does."""
+    bamax = tl.abs(load_element(x_ptr, word, 0, ok, KIND, TRANSPOSED))
+    for i in tl.range(1, 16, loop_unroll_factor=1):
+        bamax = nan_max(bamax, tl.abs(load_element(x_ptr, word, i, ok, KIND, TRANSPOSED)))
+    bamax = tl.broadcast_to(tile_max(bamax, TILE16), bamax.shape)
+    base6, base4, s6, s4, inv6, inv4 = candidate_scales(bamax, s_enc, s_dec, neg_s_dec, False, PTX)
+    tie = row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0) & (s4 == s6 * 1.5)
+    for i in tl.range(16, loop_unroll_factor=1):
+        magnitude = tl.abs(load_element(x_ptr, word, i, ok, KIND, TRANSPOSED))
+        y4, magic4 = round_e2m1(magnitude, inv4, False)
+        y6, magic6 = round_e2m1(magnitude, inv6, False)
+        tie = tie & ((y4 - magic4) * 1.5 == y6 - magic6)
+    if TILE16:
+        tie = tl.broadcast_to(tl.min(tie.to(tl.int32), 1, keep_dims=True), tie.shape) != 0
+    return tie
+
+
 @triton.jit
 def error_bounds(e, g, MSE: tl.constexpr):
     """[lo, hi] enclosing the spec's exact error of a fast-path block from its estimate e (comment above)."""
