@@ -117,16 +117,22 @@ def fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl
 
 
 @triton.jit
-def decode_tie(x_ptr, word, ok, s_enc, s_dec, neg_s_dec, row_fast, KIND: tl.constexpr, TILE16: tl.constexpr,
-               TRANSPOSED: tl.constexpr, PTX: tl.constexpr):
-    """Whether a block is in the fast setting and both its candidates decode every element to the same value (the
-    comment above): an exact error tie, settled as map-to-6. Reads the block again, one element at a time in
-    runtime loops as the exact path does (few registers), and recomputes the chunk loop's scales bit for bit. A
-    16x16 tile ties when each of its rows does."""
+def block_amax_again(x_ptr, word, ok, KIND: tl.constexpr, TILE16: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """Step 2's block amax (a 16x16 tile's, broadcast over its rows) read again after the chunk loop, one element
+    at a time in a runtime loop (few registers), for decode_tie and four_six_exact."""
     bamax = tl.abs(load_element(x_ptr, word, 0, ok, KIND, TRANSPOSED))
     for i in tl.range(1, 16, loop_unroll_factor=1):
         bamax = nan_max(bamax, tl.abs(load_element(x_ptr, word, i, ok, KIND, TRANSPOSED)))
-    bamax = tl.broadcast_to(tile_max(bamax, TILE16), bamax.shape)
+    return tl.broadcast_to(tile_max(bamax, TILE16), bamax.shape)
+
+
+@triton.jit
+def decode_tie(x_ptr, word, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND: tl.constexpr,
+               TILE16: tl.constexpr, TRANSPOSED: tl.constexpr, PTX: tl.constexpr):
+    """Whether a block (its block_amax_again bamax) is in the fast setting and both its candidates decode every
+    element to the same value (the comment above): an exact error tie, settled as map-to-6. Recomputes the chunk
+    loop's scales bit for bit and reads the block once more, one element at a time. A 16x16 tile ties when each
+    of its rows does."""
     base6, base4, s6, s4, inv6, inv4 = candidate_scales(bamax, s_enc, s_dec, neg_s_dec, False, PTX)
     tie = row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0) & (s4 == s6 * 1.5)
     for i in tl.range(16, loop_unroll_factor=1):
@@ -166,15 +172,11 @@ def tile_max(bamax, TILE16: tl.constexpr):
 
 
 @triton.jit
-def four_six_exact(x_ptr, word, ok, amax, s_enc, s_dec, six_b, KIND: tl.constexpr, MSE: tl.constexpr,
+def four_six_exact(x_ptr, word, ok, bamax, amax, s_enc, s_dec, six_b, KIND: tl.constexpr, MSE: tl.constexpr,
                     TILE16: tl.constexpr, WRITE_DEC: tl.constexpr, TRANSPOSED: tl.constexpr = False,
                     MAP6_ONLY: tl.constexpr = False):
-    """Steps 2-7 exactly as written, for any input, reading the chunk's x again: (map-to-4 choice, scale byte,
-    packed signed codes, decode words)."""
-    bamax = tl.abs(load_element(x_ptr, word, 0, ok, KIND, TRANSPOSED))
-    for i in tl.range(1, 16, loop_unroll_factor=1):
-        bamax = nan_max(bamax, tl.abs(load_element(x_ptr, word, i, ok, KIND, TRANSPOSED)))
-    bamax = tl.broadcast_to(tile_max(bamax, TILE16), bamax.shape)  # the exact candidates work per block
+    """Steps 3-7 exactly as written, for any input, from the block_amax_again bamax, reading the chunk's x again:
+    (map-to-4 choice, scale byte, packed signed codes, decode words)."""
     base6, base4, s6, s4, inv6, inv4 = candidate_scales(bamax, s_enc, s_dec, s_dec, True, False)
     lo6, hi6, err6 = exact_candidate(x_ptr, word, ok, s6, inv6, amax, six_b, KIND, True, MSE, TRANSPOSED)
     lo4, hi4, err4 = exact_candidate(x_ptr, word, ok, s4, inv4, amax, six_b, KIND, True, MSE, TRANSPOSED)

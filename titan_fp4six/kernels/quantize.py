@@ -27,8 +27,8 @@ from .decode import e4m3_value
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 from .encode import (NEWTON_S_DEC_MAX, NEWTON_S_DEC_MIN, candidate_scales, decode_words, div, fast_encode_decode,
                      inverse_scale, newton_inverse_scale, stochastic_codes, with_signs)
-from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, decode_tie, error_bounds,
-                       exact_candidate, fast_candidate, four_six_exact, tile_max, value_step)
+from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, block_amax_again, decode_tie,
+                       error_bounds, exact_candidate, fast_candidate, four_six_exact, tile_max, value_step)
 from .operand_words import (block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk,
                             token_block_start)
 
@@ -404,12 +404,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                         amax, s_enc, s_dec, neg_s_dec = _token_block_scales(amax_ptr, blocks_ptr, rows, blks, R,
                                                                             NBLK, n_groups, amax_cols, six_b)
                         row_fast = amax_in_fast_range(amax)
+                    bamax = block_amax_again(x_ptr, where, ok, KIND, TILE16, TRANSPOSED)
                     # a chunk whose deferred blocks are all decode ties keeps what the loop wrote
-                    tie = decode_tie(x_ptr, where, ok, s_enc, s_dec, neg_s_dec, row_fast, KIND, TILE16, TRANSPOSED,
-                                     PTX)
+                    tie = decode_tie(x_ptr, where, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND, TILE16,
+                                     TRANSPOSED, PTX)
                     if tl.max(tl.where((((deferred >> chunk) & 1) == 0) | tie, 0, 1)) != 0:
-                        pick, sf, lo, hi, dec = four_six_exact(x_ptr, where, ok, amax, s_enc, s_dec, six_b, KIND, MSE,
-                                                                TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
+                        pick, sf, lo, hi, dec = four_six_exact(x_ptr, where, ok, bamax, amax, s_enc, s_dec, six_b,
+                                                                KIND, MSE, TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                         store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
                                      pick, dec, MAP4 == 1, TILE16, WRITE_DEC)
                         if MAP4 == 2:  # the exact choice replaces the fast path's count for the chunk
