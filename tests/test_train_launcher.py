@@ -243,3 +243,13 @@ def test_the_setting_gives_expandable_segments_on_cuda():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
                           cwd=REPO)
     assert "EXPANDABLE True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_finished_run_exits_with_its_status_and_its_output_flushed():
+    """exit_after_run ends the process without Python's finalization (where gloo's threads can abort it) after
+    flushing what the run printed and logged, and exits with the run's status."""
+    code = ("import logging, sys\nfrom titan_fp4six.train import exit_after_run\nlogging.basicConfig(stream=sys.stderr)\n"
+            "logging.getLogger('t').warning('logged')\nprint('printed', end='')\nexit_after_run(3)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's stdout then buffers
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (3, "printed") and "logged" in proc.stderr

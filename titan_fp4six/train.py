@@ -148,5 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_after_run(code: int) -> None:
+    """End a launcher's process once its run has returned, without Python's finalization: the process group
+    outlives destroy_process_group in torch's caches (DTensor's sharding cache holds its meshes), so gloo's threads
+    run on into finalization, and one that drops a finished collective's last tensors then takes the GIL and
+    aborts the process ("terminate called without an active exception", exit status -6) after a run that
+    succeeded (seen in about 1 of 30 two-rank CPU runs under load). Files are closed by then (torchtitan's close,
+    the launchers' own writes); output and logging are flushed here."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after_run(main())

@@ -1,7 +1,5 @@
 """``python -m titan_fp4six.rl --job.config_file configs/rl_grpo_....toml``: GRPO on torchtitan (CPU without a GPU)."""
 
-import sys
-
 
 def main(argv: list[str] | None = None) -> int:
     """GRPO training; `argv` the trainer's arguments (default the command line's). 0 when training ends."""
@@ -24,4 +22,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..train import exit_after_run
+
+    exit_after_run(main())
