@@ -465,10 +465,11 @@ def _profile_label(path: Path) -> str:
 
 def cmd_compare_profiles(args, common):
     """Two profiles of `profile` (the bf16 twin's .profile.json, then the recipe's) side by side: kernel time and
-    kernels by kind and the recipe's extra ms, then the recipe's kernel time by the plugin op that launched it, and
-    the quantize launches paired one by one (launches_table). --docs full writes both tables into docs/results/speed.md's sections of the full recipe's step, --docs
-    compiled the first into the compiled experts recipe's, --docs choice the first into the full 4/6 recipe's
-    against plain NVFP4's (the NVFP4 profile given as the twin)."""
+    kernels by kind and the recipe's extra ms, the recipe's kernel time by the plugin op that launched it, and
+    the quantize launches paired one by one (launches_table), printed. --docs full writes the first two tables
+    into docs/results/speed.md's sections of the full recipe's step, --docs compiled the first into the compiled
+    experts recipe's, --docs choice the first into the full 4/6 recipe's against plain NVFP4's (the NVFP4
+    profile given as the twin)."""
     twin, recipe = (json.loads(Path(p).read_text()) for p in (args.twin, args.recipe))
     labels = tuple(args.labels) if args.labels else (_profile_label(args.twin), _profile_label(args.recipe))
     tables = {"kinds": kinds_table(twin, recipe, labels), "by-op": launched_by_table(recipe),

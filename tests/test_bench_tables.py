@@ -119,8 +119,9 @@ def test_layout_kernels_time_each_layout_against_its_twin():
     out = bench.layout_kernels(1024, 512, 2, 1)
     assert {name for name, _ in out} == {"rows, per-tensor amax (dense x)", "rows, per-group amax (grouped x)",
                                          "16x16 tiles (weights)", "columns (dense x^T, wgrad)",
-                                         "token blocks (grouped x^T, wgrad)"}
-    assert len(out) == 10 and all(r["fos"] > 0 and r["nvfp4"] > 0 for r in out.values())
+                                         "token blocks (grouped x^T, wgrad)",
+                                         "token blocks, routed groups padded with zero rows"}
+    assert len(out) == 12 and all(r["fos"] > 0 and r["nvfp4"] > 0 for r in out.values())
 
 
 def test_gemm_table():

@@ -4,6 +4,7 @@ package's top or its package's `__main__`), and pyproject.toml's [project.script
 
 import importlib
 import inspect
+import re
 import tomllib
 from pathlib import Path
 
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"train": "titan_fp4six.train", "rl": "titan_fp4six.rl.__main__", "export": "titan_fp4six.export",
          "compare": "titan_fp4six.compare.__main__", "fidelity": "titan_fp4six.fidelity",
          "dry-run": "titan_fp4six.dry_run"}
+TRAINING_LAUNCHERS = {"train", "rl"}  # they end a finished run with train.exit_after_run, not Python's exit
 
 
 def test_every_tool_is_an_entry_point_and_nothing_else_is():
@@ -25,7 +27,8 @@ def test_each_tool_is_python_m_of_its_name_with_main_argv_none_returning_int(too
     module = TOOLS[tool]
     assert module.removesuffix(".__main__") == "titan_fp4six." + tool.replace("-", "_")
     source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
-    assert 'if __name__ == "__main__":\n    sys.exit(main())\n' in source, module
+    ending = "exit_after_run(main())" if tool in TRAINING_LAUNCHERS else "sys.exit(main())"
+    assert re.search(r'if __name__ == "__main__":\n(    .*\n\n)?    ' + re.escape(ending) + "\n", source), module
     main = importlib.import_module(module).main
     params = list(inspect.signature(main).parameters.values())
     assert [(p.name, p.default) for p in params] == [("argv", None)], module

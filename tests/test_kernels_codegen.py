@@ -11,6 +11,8 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from tests.helpers.codegen import FOUR_SIX_FMAS  # noqa: E402
+
 
 def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug: bool = False, map4: int = 1,
          groups: bool = False) -> str:
@@ -36,13 +38,6 @@ def _ptx(enable_fp_fusion: bool, four_six: bool, check_amax: bool = False, debug
     except Exception as exc:  # no NVIDIA backend / ptxas in this Triton build
         pytest.skip(f"cannot compile for sm_90 here: {exc}")
     return compiled.asm["ptx"]
-
-
-# A 1x16 4/6 kernel's explicit FMAs: the error estimates (two per element and candidate), their bounds (three per
-# candidate), and the scales (div6's two, the Newton inverse scales' four per candidate) in the chunk loop and
-# again in the decode-tie check after it
-_SCALES_FMAS = 2 + 4 * 2
-FOUR_SIX_FMAS = 2 * 16 * 2 + 3 * 2 + 2 * _SCALES_FMAS
 
 
 def _fmas(ptx: str) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from tests.test_kernels_codegen import FOUR_SIX_FMAS  # noqa: E402
+from tests.helpers.codegen import FOUR_SIX_FMAS  # noqa: E402
 
 
 def _compile(fn, signature, constexprs, num_warps=1, divisible=()) -> str:
@@ -62,7 +62,7 @@ def _check_rounding(ptx: str) -> None:
 
 @pytest.mark.parametrize("token_blocks", (False, True))
 def test_columnwise_four_over_six_with_decode(token_blocks):
-    """Same explicit FMAs as the row-major 1x16 kernel (test_kernels_codegen.FOUR_SIX_FMAS); read by token
+    """Same explicit FMAs as the row-major 1x16 kernel (tests/helpers/codegen.py); read by token
     blocks (step 1 per block) too."""
     ptx = _quantizer_ptx(1, True, True, token_blocks=token_blocks)
     assert _fmas(ptx) == FOUR_SIX_FMAS

@@ -82,6 +82,15 @@ def value_step(sf, amax, R6B: tl.constexpr):
 
 
 @triton.jit
+def fast_setting(row_fast, bamax, inv6):
+    """The fast path's setting per block: the row's (amax_in_fast_range), the block's (no NaN, bamax <= 2^56) and
+    |x| * inv < 7 so the rounding needs no clamp (round_e2m1): a normal E4M3 scale keeps it below 6.4; subnormal
+    ones (bamax / amax below ~2^-15) fall outside. s4 >= s6 (rounding is monotone), so inv4 <= inv6 and checking
+    map-to-6 covers map-to-4."""
+    return row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0)
+
+
+@triton.jit
 def amax_in_fast_range(amax):
     """The per-row part of the fast path's setting (comment above); NaN is outside."""
     return (amax == 0.0) | ((amax >= AMAX_MIN) & (amax <= AMAX_MAX))
@@ -110,9 +119,8 @@ def fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl
 # error at all: both candidates decode every element to the same value, v4_i * s4 == v6_i * s6 (products of at
 # most 3 and 4 significant bits, exact in FP32), so the spec's val_i, its differences and its sums are bitwise
 # the same for both. decode_tie checks the sufficient s4 == 1.5 s6 and v6_i == 1.5 v4_i (pairs of values (0, 0),
-# (1, 1.5), (2, 3), (4, 6)). It is what a block of one or two nonzero values usually is (a token block of a
-# group's last few tokens: a third of one-value blocks), where the exact path would redo every chunk holding
-# one. Such a block's fast-path codes (fast setting: exact codes) and scale are map-to-6's, which is what the
+# (1, 1.5), (2, 3), (4, 6)). Blocks of few nonzero values often are such ties (a third of one-value blocks: a
+# token block of a group's last token and padding), where the exact path would redo every chunk holding one. Such a block's fast-path codes (fast setting: exact codes) and scale are map-to-6's, which is what the
 # fast path wrote for it (an unsettled block is never picked as map-to-4).
 
 
@@ -134,7 +142,7 @@ def decode_tie(x_ptr, word, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND: 
     loop's scales bit for bit and reads the block once more, one element at a time. A 16x16 tile ties when each
     of its rows does."""
     base6, base4, s6, s4, inv6, inv4 = candidate_scales(bamax, s_enc, s_dec, neg_s_dec, False, PTX)
-    tie = row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0) & (s4 == s6 * 1.5)
+    tie = fast_setting(row_fast, bamax, inv6) & (s4 == s6 * 1.5)
     for i in tl.range(16, loop_unroll_factor=1):
         magnitude = tl.abs(load_element(x_ptr, word, i, ok, KIND, TRANSPOSED))
         y4, magic4 = round_e2m1(magnitude, inv4, False)

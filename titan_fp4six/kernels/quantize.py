@@ -27,8 +27,8 @@ from .decode import e4m3_value
 from .launch import COMPILE_OPTIONS, MAX_GRID_Y, FastLaunch, cdiv
 from .encode import (NEWTON_S_DEC_MAX, NEWTON_S_DEC_MIN, candidate_scales, decode_words, div, fast_encode_decode,
                      inverse_scale, newton_inverse_scale, stochastic_codes, with_signs)
-from .four_six import (BAMAX_MAX, SLACK_DOWN, SLACK_UP, amax_in_fast_range, block_amax_again, decode_tie,
-                       error_bounds, exact_candidate, fast_candidate, four_six_exact, tile_max, value_step)
+from .four_six import (SLACK_DOWN, SLACK_UP, amax_in_fast_range, block_amax_again, decode_tie, error_bounds,
+                       exact_candidate, fast_candidate, fast_setting, four_six_exact, tile_max, value_step)
 from .operand_words import (block_magnitudes, column_start, column_words, load_column_tile, load_words, store_chunk,
                             token_block_start)
 
@@ -297,10 +297,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
             # by the error bounds where they separate (the comment above value_step). With the decode, the fast
             # path encodes the codes once, for the winner, together with its decode.
             base6, base4, s6, s4, inv6, inv4 = candidate_scales(bamax, s_enc, s_dec, neg_s_dec, False, PTX)
-            # The setting (not NaN either), and |x| * inv < 7 so the rounding needs no clamp (round_e2m1): a
-            # normal E4M3 scale keeps it below 6.4; subnormal ones (bamax / amax below ~2^-15) are deferred.
-            # s4 >= s6 (rounding is monotone), so inv4 <= inv6 and checking map-to-6 covers map-to-4.
-            fast = row_fast & (bamax <= BAMAX_MAX) & (bamax * inv6 < 7.0)
+            fast = fast_setting(row_fast, bamax, inv6)  # blocks outside it are deferred
             g6 = value_step(s6, amax, R6B)
             g4 = value_step(s4, amax, R6B)
             lo6, hi6, e6 = fast_candidate(xs, inv6, g6, not WRITE_DEC, True, MSE, False)
@@ -405,9 +402,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                                                                             NBLK, n_groups, amax_cols, six_b)
                         row_fast = amax_in_fast_range(amax)
                     bamax = block_amax_again(x_ptr, where, ok, KIND, TILE16, TRANSPOSED)
-                    # a chunk whose deferred blocks are all decode ties keeps what the loop wrote
-                    tie = decode_tie(x_ptr, where, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND, TILE16,
-                                     TRANSPOSED, PTX)
+                    # a chunk whose deferred blocks are all decode ties keeps what the loop wrote (map-to-6 only
+                    # defers blocks outside the fast setting: never ties)
+                    if MAP6_ONLY:
+                        tie = ok != ok
+                    else:
+                        tie = decode_tie(x_ptr, where, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND, TILE16,
+                                         TRANSPOSED, PTX)
                     if tl.max(tl.where((((deferred >> chunk) & 1) == 0) | tie, 0, 1)) != 0:
                         pick, sf, lo, hi, dec = four_six_exact(x_ptr, where, ok, bamax, amax, s_enc, s_dec, six_b,
                                                                 KIND, MSE, TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
