@@ -248,8 +248,20 @@ def test_the_setting_gives_expandable_segments_on_cuda():
 def test_a_finished_run_exits_with_its_status_and_its_output_flushed():
     """exit_after_run ends the process without Python's finalization (where gloo's threads can abort it) after
     flushing what the run printed and logged, and exits with the run's status."""
-    code = ("import logging, sys\nfrom titan_fp4six.train import exit_after_run\nlogging.basicConfig(stream=sys.stderr)\n"
-            "logging.getLogger('t').warning('logged')\nprint('printed', end='')\nexit_after_run(3)")
+    code = ("import logging, sys\nfrom titan_fp4six.train import exit_after_run\n"
+            "logging.basicConfig(stream=sys.stderr)\nlogging.getLogger('t').warning('logged')\n"
+            "print('printed', end='')\nexit_after_run(3)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's stdout then buffers
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (3, "printed") and "logged" in proc.stderr
+
+
+def test_a_run_that_leaves_python_threads_working_exits_through_python(tmp_path):
+    """exit_after_run leaves a Python thread still at work (an asynchronous checkpoint's writer) to Python's exit,
+    which waits for it: the thread's file is written."""
+    code = ("import pathlib, sys, threading, time\nfrom titan_fp4six.train import exit_after_run\n"
+            "def write():\n    time.sleep(0.5)\n    pathlib.Path(sys.argv[1]).write_text('saved')\n"
+            "threading.Thread(target=write).start()\nexit_after_run(0)")
+    out = tmp_path / "saved.txt"
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and out.read_text() == "saved", proc.stderr

@@ -144,13 +144,6 @@ def main(argv: list[str] | None = None) -> int:
             lock_dump_folder(job_config.job.dump_folder)
             super().__init__(job_config)
 
-        def close(self):
-            # an asynchronous checkpoint save still in flight (a run that ended on its data, before its last
-            # step's save) finishes here: exit_after_run skips the interpreter's exit, which would wait for it
-            future = getattr(getattr(self, "checkpointer", None), "save_future", None)
-            if future is not None:
-                future.result()
-            super().close()
 
     torchtitan_main(CheckedTrainer)
     return 0
@@ -162,11 +155,14 @@ def exit_after_run(code: int) -> None:
     run on into finalization, and one that drops a finished collective's last tensors then takes the GIL and
     aborts the process ("terminate called without an active exception", exit status -6) after a run that
     succeeded (seen in about 1 of 30 two-rank CPU runs under load). Files are closed by then (torchtitan's close,
-    which the trainers make wait for an asynchronous checkpoint save, and the launchers' own writes); output and
-    logging are flushed here. Only `python -m` ends this way: the console scripts (titan-fp4six-train) exit
-    through Python."""
+    the launchers' own writes); output and logging are flushed here. A run that leaves Python threads running
+    exits through Python, which waits for them. Only `python -m` ends this way: the console scripts
+    (titan-fp4six-train) exit through Python."""
     import logging
+    import threading
 
+    if any(t is not threading.current_thread() and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)  # Python threads still at work (an asynchronous checkpoint's writer): Python's exit joins them
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
