@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
             lock_dump_folder(job_config.job.dump_folder)
             super().__init__(job_config)
 
-
     torchtitan_main(CheckedTrainer)
     return 0
 

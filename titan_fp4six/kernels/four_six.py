@@ -120,8 +120,9 @@ def fast_candidate(xs, inv, g, PACK: tl.constexpr, ERRORS: tl.constexpr, MSE: tl
 # most 3 and 4 significant bits, exact in FP32), so the spec's val_i, its differences and its sums are bitwise
 # the same for both. decode_tie checks the sufficient s4 == 1.5 s6 and v6_i == 1.5 v4_i (pairs of values (0, 0),
 # (1, 1.5), (2, 3), (4, 6)). Blocks of few nonzero values often are such ties (a third of one-value blocks: a
-# token block of a group's last token and padding), where the exact path would redo every chunk holding one. Such a block's fast-path codes (fast setting: exact codes) and scale are map-to-6's, which is what the
-# fast path wrote for it (an unsettled block is never picked as map-to-4).
+# token block of a group's last token and padding), where the exact path would redo every chunk holding one.
+# Such a block's fast-path codes (fast setting: exact codes) and scale are map-to-6's, which is what the fast
+# path wrote for it (an unsettled block is never picked as map-to-4).
 
 
 @triton.jit

@@ -405,7 +405,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                     # a chunk whose deferred blocks are all decode ties keeps what the loop wrote (map-to-6 only
                     # defers blocks outside the fast setting: never ties)
                     if MAP6_ONLY:
-                        tie = ok != ok
+                        tie = tl.zeros(ok.shape, tl.int1)
                     else:
                         tie = decode_tie(x_ptr, where, ok, bamax, s_enc, s_dec, neg_s_dec, row_fast, KIND, TILE16,
                                          TRANSPOSED, PTX)
