@@ -125,14 +125,14 @@ class TimedScheduler(Scheduler):
 
 
 def write_record(run: Run) -> dict | None:
-    """run.json of a finished run (kept when an earlier call wrote it for the same command), else None."""
+    """run.json of a finished run, else None. A run not trained by this call keeps the record of the call that
+    trained it: scoring on another machine (the CPU after a GPU) would build another command (its precision
+    flag) and has no training time."""
     if run.job.exit_code() != 0 or not (run.checkpoint / ".metadata").is_file():
         return None
     seconds = getattr(run.job, "seconds", None)
-    if run.record.is_file():
-        old = json.loads(run.record.read_text())
-        if old.get("command") == shlex.join(run.job.command[1:]) and seconds is None:
-            return old
+    if run.record.is_file() and seconds is None:
+        return json.loads(run.record.read_text())
     losses = {int(row["step"]): row["loss"] for row in parse_steps(run.job.log.read_text(errors="replace"))}
     r = run.regime
     record = {"regime": r.name, "seed": run.seed, "steps": r.steps, "batch": r.batch, "seq_len": r.seq_len,

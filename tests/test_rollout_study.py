@@ -5,13 +5,14 @@ is proved at toy scale by hand: docs/fidelity.md, "Rollouts against the bf16 pol
 
 import json
 import random
+import shlex
 
 import pytest
 
 from scripts.rollout_distance import (DATA, METRICS, SCORE_FORMAT, VARIANTS, over_runs, page, pick_vllm, pooled,
                                       regime_summary, resolve_checkpoints, summarize_means)
 from scripts.rollout_distance import main as distance_main
-from scripts.rollout_study import REGIMES, main, needs_scoring, parse, parse_regime, plan
+from scripts.rollout_study import REGIMES, main, needs_scoring, parse, parse_regime, plan, write_record
 from titan_fp4six.compare.stats import fieller_ratio, mean_interval
 
 WINDOWS = 20
@@ -158,6 +159,24 @@ def test_study_scores_only_checkpoints_without_current_scores(tmp_path):
     assert not needs_scoring(a, run, with_vllm=False)
     assert needs_scoring(a, run, with_vllm=True)  # vLLM's numbers asked for, not there
     assert needs_scoring(parse([str(tmp_path), "--seeds", "1", "--regime", "mem:8:2:64:2"]), run, False)
+
+
+def test_a_run_trained_elsewhere_keeps_its_record(tmp_path):
+    """Scoring on the CPU the runs a GPU trained: the record keeps the GPU's command and training time, though
+    the CPU's command for the same run differs (its precision flag)."""
+    a = parse([str(tmp_path), "--seeds", "1", "--regime", "mem:8:2:64:2"])
+    gpu_run = plan(a.out, a.regimes, a.seeds, cuda=True)[0]
+    cpu_run = plan(a.out, a.regimes, a.seeds, cuda=False)[0]
+    assert gpu_run.job.command != cpu_run.job.command
+    gpu_run.checkpoint.mkdir(parents=True)
+    (gpu_run.checkpoint / ".metadata").write_text("")
+    gpu_run.job.exit_file.write_text("0\n")
+    trained = {"seed": 0, "seconds": 191.5, "command": shlex.join(gpu_run.job.command[1:])}
+    gpu_run.record.write_text(json.dumps(trained))
+    assert write_record(cpu_run) == trained
+    assert json.loads(cpu_run.record.read_text()) == trained
+    gpu_run.job.exit_file.write_text("1\n")  # a failed run has no record to report
+    assert write_record(cpu_run) is None
 
 
 def test_report_only_pages_every_stored_score(tmp_path):
