@@ -124,6 +124,15 @@ class TimedScheduler(Scheduler):
         super()._finish(job, code, done, total)
 
 
+def where(cuda: bool) -> str:
+    """The device a phase ran on, named for the page: a study's parts may run on different machines."""
+    if cuda:
+        import torch
+
+        return f"the GPU ({torch.cuda.get_device_name()})"
+    return f"the CPU ({os.cpu_count()} cores)"
+
+
 def write_record(run: Run) -> dict | None:
     """run.json of a finished run, else None. A run not trained by this call keeps the record of the call that
     trained it: scoring on another machine (the CPU after a GPU) would build another command (its precision
@@ -301,7 +310,7 @@ def main(argv=None) -> int:
         TimedScheduler(a.jobs, device_memory_gib(), a.timeout, echo=lambda m: print(m, flush=True)).run(
             [r.job for r in runs])
         if todo:
-            calls.append({"phase": f"train phase: {len(todo)} runs on the {'GPU' if cuda else 'CPU'}, wall",
+            calls.append({"phase": f"train phase: {len(todo)} runs on {where(cuda)}, wall",
                           "command": this, "seconds": time.monotonic() - started})
     done = [r for r in runs if write_record(r) is not None]
     missing = [label(r) for r in runs if r not in done]
@@ -320,7 +329,7 @@ def main(argv=None) -> int:
             print(f"[rollout_study] scoring failed: {', '.join(failed)} (logs in {a.out / 'scores'})", flush=True)
             status = 1
         if todo:
-            calls.append({"phase": f"score phase: {len(todo)} checkpoints, {jobs} at once, on the CPU, wall",
+            calls.append({"phase": f"score phase: {len(todo)} checkpoints, {jobs} at once, on {where(False)}, wall",
                           "command": this, "seconds": time.monotonic() - started})
     calls_file.write_text(json.dumps(calls, indent=1))
     if "report" in a.phases and done and not failed:
