@@ -257,12 +257,23 @@ def _innermost_ops(events: list[dict], t0: float, t1: float):
     return innermost
 
 
+QUANTIZE_RANGE = "titan_fp4six quantize "  # the role quantizers' profiler ranges, the role after it
+
+
+def _enclosing(spans: list[tuple], launch: dict | None, default):
+    """The name of the (tid, begin, end, name) span on the launch's thread that was open at the launch."""
+    return next((name for tid, b, f, name in spans if launch is not None and launch["tid"] == tid
+                 and b <= launch["ts"] < f), default)
+
+
 def profile_step(events: list[dict], top: int = 12) -> dict:
     """The last profiled step (ProfilerStep#N): wall time, GPU busy (union of kernel intervals inside the step /
     wall), kernel count and time, kernel time by kind (kernel_kind), by the plugin op that launched it and by the
     innermost op that did (its name and input shapes: which aten call a copy or a fill comes from), the top kernels
-    by total time, each quantize launch (its op, grid and time) and the host time per call of the plugin's ops
-    (titan_fp4six::*: custom ops when compiled, record_function ranges in eager)."""
+    by total time, each quantize launch (its op, the operand role it quantized, grid and time) and the host time
+    per call of the plugin's ops (titan_fp4six::*: custom ops when compiled, record_function ranges in eager).
+    The role comes from the range the role quantizers open while a profiler records ("titan_fp4six quantize
+    x_t"; quant/operands.py); None for a launch outside one."""
     steps = [e for e in events if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     if not steps:
         raise ValueError("no ProfilerStep#N span in the trace")
@@ -282,12 +293,15 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
         for table, key in ((by_name, k["name"]), (by_kind, kind)):
             table[key][0] += 1
             table[key][1] += k["dur"]
-    ops, ranges = defaultdict(list), []
+    ops, ranges, roles = defaultdict(list), [], []
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") \
-                and e.get("name", "").startswith("titan_fp4six::") and t0 <= e["ts"] < t1:
+        if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation") or not t0 <= e["ts"] < t1:
+            continue
+        if e.get("name", "").startswith("titan_fp4six::"):
             ops[e["name"]].append(e["dur"])
             ranges.append((e["tid"], e["ts"], e["ts"] + e["dur"], e["name"]))
+        elif e.get("name", "").startswith(QUANTIZE_RANGE):
+            roles.append((e["tid"], e["ts"], e["ts"] + e["dur"], e["name"].removeprefix(QUANTIZE_RANGE)))
     # kernel time launched from inside each of the plugin's ops (a runtime launch event in the op's host range,
     # linked to its kernel by the correlation id), by kind; the rest ran outside them (torchtitan, autograd)
     launches = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X"
@@ -298,12 +312,11 @@ def profile_step(events: list[dict], top: int = 12) -> dict:
     quantize_launches = []
     for k, kind in zip(kernels, kinds):
         launch = launches.get(k.get("args", {}).get("correlation"))
-        owner = next((name for tid, b, f, name in ranges if launch is not None and launch["tid"] == tid
-                      and b <= launch["ts"] < f), "outside the plugin's ops")
+        owner = _enclosing(ranges, launch, "outside the plugin's ops")
         under[owner][kind] += k["dur"] / 1e3
         if kind == "quantize":
-            quantize_launches.append({"op": owner, "grid": k.get("args", {}).get("grid"), "ts": k["ts"],
-                                      "us": k["dur"]})
+            quantize_launches.append({"op": owner, "role": _enclosing(roles, launch, None),
+                                      "grid": k.get("args", {}).get("grid"), "ts": k["ts"], "us": k["dur"]})
         op = innermost(launch) if launch is not None else None
         label = "no op" if op is None else f"{op['name']} {op.get('args', {}).get('Input Dims', '')}"[:120]
         by_op[(kind, label)][0] += 1
@@ -371,8 +384,9 @@ def kinds_table(twin: dict, recipe: dict, labels: tuple[str, str] = ("bf16 twin"
 
 def launches_table(twin: dict, recipe: dict, labels: tuple[str, str], top: int = 12) -> str:
     """Markdown: the two steps' quantize launches paired in launch order within each plugin op (the same
-    operands in the same order when both recipes launch as many), summed by op and grid (the 4/6 kernel's
-    grid: the layout and shape), the recipe's extra time largest first; '' when the launches do not pair."""
+    operands in the same order when both recipes launch as many), summed by op, operand role and grid (the 4/6
+    kernel's grid: the layout and shape), the recipe's extra time largest first; '' when the launches do not
+    pair. The role is '-' for profiles recorded before the role quantizers named their launches."""
     def by_op(s):
         out = defaultdict(list)
         for q in s.get("quantize_launches", []):
@@ -385,14 +399,14 @@ def launches_table(twin: dict, recipe: dict, labels: tuple[str, str], top: int =
     rows = defaultdict(lambda: [0, 0.0, 0.0])
     for op in b:
         for qa, qb in zip(a[op], b[op]):
-            row = rows[(op.removeprefix("titan_fp4six::"), str(qb["grid"]))]
+            row = rows[(op.removeprefix("titan_fp4six::"), qb.get("role") or "-", str(qb["grid"]))]
             row[0] += 1
             row[1] += qa["us"] / 1e3
             row[2] += qb["us"] / 1e3
-    lines = [f"| op | grid | launches | {labels[0]} ms | {labels[1]} ms | extra ms | ratio |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for (op, grid), (n, ta, tb) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2])[:top]:
-        lines.append(f"| {op} | {grid} | {n} | {ta:.2f} | {tb:.2f} | {_signed(tb - ta)} | {tb / ta:.2f}x |")
+    lines = [f"| op | operand | grid | launches | {labels[0]} ms | {labels[1]} ms | extra ms | ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (op, role, grid), (n, ta, tb) in sorted(rows.items(), key=lambda kv: kv[1][1] - kv[1][2])[:top]:
+        lines.append(f"| {op} | {role} | {grid} | {n} | {ta:.2f} | {tb:.2f} | {_signed(tb - ta)} | {tb / ta:.2f}x |")
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
 
     events = [x("ProfilerStep#9", "user_annotation", 0, 1000),
               x("titan_fp4six::dense_fwd", "user_annotation", 100, 200),
+              x("titan_fp4six quantize x", "user_annotation", 140, 20),
               x("cuLaunchKernelEx", "cuda_driver", 150, 5, correlation=1),
               x("cudaLaunchKernel", "cuda_runtime", 160, 5, correlation=2),
               x("cudaLaunchKernel", "cuda_runtime", 500, 5, correlation=3),
@@ -66,7 +67,9 @@ def test_profile_step_times_kernels_by_kind_and_by_the_op_that_launched_them():
         {"kind": "GEMM", "op": "no op", "count": 1, "ms": 0.1},
         {"kind": "copies/casts", "op": "aten::copy_ [[8, 4], [8, 4]]", "count": 1, "ms": 0.06},
         {"kind": "quantize", "op": "no op", "count": 1, "ms": 0.04}]
-    assert s["quantize_launches"] == [{"op": "titan_fp4six::dense_fwd", "grid": None, "ts": 200, "us": 40}]
+    assert s["quantize_launches"] == [{"op": "titan_fp4six::dense_fwd", "role": "x", "grid": None, "ts": 200,
+                                       "us": 40}]
+    assert set(s["host_ops"]) == {"titan_fp4six::dense_fwd"}  # the role's range is no op of its own
 
 
 def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
@@ -91,17 +94,19 @@ def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
 
 def test_quantize_launches_pair_one_by_one_within_each_op():
     """compare-profiles' launches table: the i-th quantize launch of an op in one step against the i-th in the
-    other, summed by op and grid, the largest extra first; no table when the launches do not pair."""
+    other, summed by op, operand role and grid, the largest extra first; no table when the launches do not
+    pair."""
     def step(durations):
-        return {"quantize_launches": [{"op": op, "grid": grid, "ts": i, "us": us}
-                                      for i, (op, grid, us) in enumerate(durations)]}
+        return {"quantize_launches": [{"op": op, "role": role, "grid": grid, "ts": i, "us": us}
+                                      for i, (op, role, grid, us) in enumerate(durations)]}
 
-    plain = step([("titan_fp4six::grouped_bwd", [8, 1, 1], 100), ("titan_fp4six::grouped_bwd", [4, 2, 1], 50),
-                  ("titan_fp4six::dense_fwd", [2, 1, 1], 10)])
-    fos = step([("titan_fp4six::grouped_bwd", [8, 1, 1], 110), ("titan_fp4six::grouped_bwd", [4, 2, 1], 150),
-                ("titan_fp4six::dense_fwd", [2, 1, 1], 12)])
+    bwd, fwd = "titan_fp4six::grouped_bwd", "titan_fp4six::dense_fwd"
+    plain = step([(bwd, "dy_t", [8, 1, 1], 100), (bwd, "x_t", [8, 1, 1], 50), (fwd, "x", [2, 1, 1], 10)])
+    fos = step([(bwd, "dy_t", [8, 1, 1], 110), (bwd, "x_t", [8, 1, 1], 150), (fwd, "x", [2, 1, 1], 12)])
     lines = runs.launches_table(plain, fos, ("NVFP4", "4/6")).splitlines()
-    assert lines[0] == "| op | grid | launches | NVFP4 ms | 4/6 ms | extra ms | ratio |"
-    assert lines[2] == "| grouped_bwd | [4, 2, 1] | 1 | 0.05 | 0.15 | +0.1 | 3.00x |"
+    assert lines[0] == "| op | operand | grid | launches | NVFP4 ms | 4/6 ms | extra ms | ratio |"
+    assert lines[2] == "| grouped_bwd | x_t | [8, 1, 1] | 1 | 0.05 | 0.15 | +0.1 | 3.00x |"  # one grid, two roles
     assert len(lines) == 5
-    assert runs.launches_table(plain, step([("titan_fp4six::dense_fwd", [2, 1, 1], 12)]), ("a", "b")) == ""
+    assert runs.launches_table(plain, step([(fwd, "x", [2, 1, 1], 12)]), ("a", "b")) == ""
+    older = {"quantize_launches": [{k: v for k, v in q.items() if k != "role"} for q in fos["quantize_launches"]]}
+    assert "| grouped_bwd | - | [8, 1, 1] | 2 |" in runs.launches_table(plain, older, ("a", "b"))

@@ -203,3 +203,27 @@ def test_pick_owns_the_choice_of_kernel_or_reference(monkeypatch):
     taken["x"] = True
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert _pick_all(primitives, (strict, lenient), "triton", x) == ["reference", "reference"]
+
+
+def test_role_quantizers_name_their_quantizations_in_a_profile(monkeypatch):
+    """A profiled dense GEMM with the quantized backward: each operand's quantization runs inside a range named
+    after its role (what `scripts.runs profile` attributes quantize launches by); none is opened unprofiled."""
+    from titan_fp4six.ops import four_over_six_linear
+    from titan_fp4six.quant.recipe import FourOverSixRecipe
+
+    recipe = FourOverSixRecipe(backward="quantized", weight_block="1x16")  # 1x16: W^T quantized, not transposed
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(48, 64, dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        four_over_six_linear(x, w, recipe=recipe).sum().backward()
+
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    names = [e.name for e in prof.events() if e.name.startswith("titan_fp4six quantize ")]
+    assert sorted(names) == sorted(f"titan_fp4six quantize {r}" for r in ("x", "w", "dy", "w_t", "dy_t", "x_t"))
+    def no_range(name):
+        raise AssertionError(f"{name} opened with no profiler recording")
+    monkeypatch.setattr(torch.profiler, "record_function", no_range)
+    step()

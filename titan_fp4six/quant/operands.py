@@ -19,6 +19,7 @@ from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
 from .amax import run_column_amax, run_group_column_amax
 from .backends import Backends, backends_for
+from .library import profiler_range
 from .process_state import GRADIENT_ROUNDING, MAP4_STATS
 from .primitives import pick
 from .quantize import (DECODE, QUANTIZE, QUANTIZE_COLUMNWISE, padded_transpose, run_quantize_token_blocks,
@@ -59,10 +60,13 @@ class RoleQuantizer:
     """One operand role of a plan on a device: its spec, the backends, and whether its quantizations add their
     map-to-4 counts to MAP4_STATS (the forward's x and W). A stochastically rounded spec takes each
     quantization's Philox seed from GRADIENT_ROUNDING, in call order. The decode the emulated GEMMs read is
-    written in the quantizer's pass unless real FP4 GEMMs run. What the calls need is resolved here, once."""
+    written in the quantizer's pass unless real FP4 GEMMs run. What the calls need is resolved here, once.
+    `role` (x, w, dy, x_t, w_t, dy_t) names its quantizations in a profiler trace ("titan_fp4six quantize x_t"),
+    so that a profile attributes each quantize launch to its operand."""
 
-    def __init__(self, spec: OperandSpec, backends: Backends, counted: bool = False):
+    def __init__(self, spec: OperandSpec, backends: Backends, counted: bool = False, role: str = "operand"):
         self.spec, self.backends, self.counted = spec, backends, counted
+        self.label = f"titan_fp4six quantize {role}"
         self.quantizer, self.decode, self.bound = backends.quantizer, not backends.fp4, spec.scale_bound
         self.base = spec if spec.transform == "none" else spec.untransformed  # what quantizes after the transform
         self.stochastic = spec.rounding == "stochastic"
@@ -75,8 +79,9 @@ class RoleQuantizer:
         x = x.contiguous()
         map4 = MAP4_STATS.counts(x.device) if self.counted else False
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
-        codes, scales, _, decoded = pick(QUANTIZE, self.quantizer, x)(x, amax, self.spec, self.decode, False, groups,
-                                                                      map4, seed)
+        with profiler_range(self.label):
+            codes, scales, _, decoded = pick(QUANTIZE, self.quantizer, x)(x, amax, self.spec, self.decode, False,
+                                                                          groups, map4, seed)
         return Operand(codes, scales, decoded)
 
     def transform_columns(self, x: Tensor) -> Transformed | None:
@@ -104,11 +109,13 @@ class RoleQuantizer:
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
         if amax.dim() == 0:  # the kernel reads x in place (the reference quantizes the zero-padded transpose)
             quantize = pick(QUANTIZE_COLUMNWISE, self.quantizer, x)
-            codes, scales, _, decoded = quantize(x, amax, self.base, self.decode, False, seed)
+            with profiler_range(self.label):
+                codes, scales, _, decoded = quantize(x, amax, self.base, self.decode, False, seed)
         else:  # one amax per row of x^T: the zero-padded transpose, quantized along its rows
             xt = padded_transpose(x)
             quantize = pick(QUANTIZE, self.quantizer, xt)
-            codes, scales, _, decoded = quantize(xt, amax, self.base, self.decode, False, None, False, seed)
+            with profiler_range(self.label):
+                codes, scales, _, decoded = quantize(xt, amax, self.base, self.decode, False, None, False, seed)
         return Operand(codes, scales, decoded), amax
 
     def transform_token_blocks(self, x: Tensor, tb: TokenBlocks) -> Transformed | None:
@@ -137,7 +144,9 @@ class RoleQuantizer:
         elif self.spec.scaling == "row":
             amax = run_group_column_amax(x, group_of_row, experts)
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
-        codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, self.base, self.quantizer, self.decode, seed)
+        with profiler_range(self.label):
+            codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, self.base, self.quantizer, self.decode,
+                                                               seed)
         return Operand(codes, scales, decoded), amax
 
     def transposed_tiles(self, op: Operand, experts: int = 0) -> Operand:
@@ -188,8 +197,9 @@ def gemm_quantizers(key: str, grouped: bool, device: torch.device) -> GemmQuanti
     built once per (key, grouped, device), what every op call after the first reads."""
     plan = plan_of_key(key, grouped)
     b = backends_for(plan.quantizer, plan.gemm, device)
-    x, w = RoleQuantizer(plan.x, b, counted=True), RoleQuantizer(plan.w, b, counted=True)  # the forward's count
+    x = RoleQuantizer(plan.x, b, counted=True, role="x")  # the forward's operands count map-to-4 blocks
+    w = RoleQuantizer(plan.w, b, counted=True, role="w")
     if plan.backward != "quantized":
         return GemmQuantizers(plan, b, x, w, None, None, None, None, plan.row_scaled)
-    return GemmQuantizers(plan, b, x, w, RoleQuantizer(plan.dy, b), RoleQuantizer(plan.x_t, b),
-                          RoleQuantizer(plan.w_t, b), RoleQuantizer(plan.dy_t, b), plan.row_scaled)
+    backward = (RoleQuantizer(getattr(plan, role), b, role=role) for role in ("dy", "x_t", "w_t", "dy_t"))
+    return GemmQuantizers(plan, b, x, w, *backward, plan.row_scaled)
