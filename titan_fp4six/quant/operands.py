@@ -19,7 +19,7 @@ from ..numerics.groups import RowGroups, TokenBlocks
 from ..numerics.spec import OperandSpec
 from .amax import run_column_amax, run_group_column_amax
 from .backends import Backends, backends_for
-from .library import profiler_range
+from .library import in_profiler_range
 from .process_state import GRADIENT_ROUNDING, MAP4_STATS
 from .primitives import pick
 from .quantize import (DECODE, QUANTIZE, QUANTIZE_COLUMNWISE, padded_transpose, run_quantize_token_blocks,
@@ -79,9 +79,8 @@ class RoleQuantizer:
         x = x.contiguous()
         map4 = MAP4_STATS.counts(x.device) if self.counted else False
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
-        with profiler_range(self.label):
-            codes, scales, _, decoded = pick(QUANTIZE, self.quantizer, x)(x, amax, self.spec, self.decode, False,
-                                                                          groups, map4, seed)
+        codes, scales, _, decoded = in_profiler_range(self.label, pick(QUANTIZE, self.quantizer, x), x, amax,
+                                                      self.spec, self.decode, False, groups, map4, seed)
         return Operand(codes, scales, decoded)
 
     def transform_columns(self, x: Tensor) -> Transformed | None:
@@ -109,13 +108,13 @@ class RoleQuantizer:
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
         if amax.dim() == 0:  # the kernel reads x in place (the reference quantizes the zero-padded transpose)
             quantize = pick(QUANTIZE_COLUMNWISE, self.quantizer, x)
-            with profiler_range(self.label):
-                codes, scales, _, decoded = quantize(x, amax, self.base, self.decode, False, seed)
+            codes, scales, _, decoded = in_profiler_range(self.label, quantize, x, amax, self.base, self.decode,
+                                                          False, seed)
         else:  # one amax per row of x^T: the zero-padded transpose, quantized along its rows
             xt = padded_transpose(x)
             quantize = pick(QUANTIZE, self.quantizer, xt)
-            with profiler_range(self.label):
-                codes, scales, _, decoded = quantize(xt, amax, self.base, self.decode, False, None, False, seed)
+            codes, scales, _, decoded = in_profiler_range(self.label, quantize, xt, amax, self.base, self.decode,
+                                                          False, None, False, seed)
         return Operand(codes, scales, decoded), amax
 
     def transform_token_blocks(self, x: Tensor, tb: TokenBlocks) -> Transformed | None:
@@ -144,9 +143,8 @@ class RoleQuantizer:
         elif self.spec.scaling == "row":
             amax = run_group_column_amax(x, group_of_row, experts)
         seed = GRADIENT_ROUNDING.next() if self.stochastic else None
-        with profiler_range(self.label):
-            codes, scales, decoded = run_quantize_token_blocks(x, tb, amax, self.base, self.quantizer, self.decode,
-                                                               seed)
+        codes, scales, decoded = in_profiler_range(self.label, run_quantize_token_blocks, x, tb, amax, self.base,
+                                                   self.quantizer, self.decode, seed)
         return Operand(codes, scales, decoded), amax
 
     def transposed_tiles(self, op: Operand, experts: int = 0) -> Operand:
