@@ -79,6 +79,56 @@ def test_forward_runs_the_grouped_op_with_aligned_groups(use_grouped_mm):
     assert 0 < rel < 0.35  # three chained NVFP4 GEMMs give ~0.26 here; swapping w1 and w3 gives ~0.55
 
 
+@pytest.mark.parametrize("recipe", [
+    FourOverSixRecipe(backward="quantized", wgrad_rht=True, gradient_rounding="stochastic"),
+    FourOverSixRecipe(backward="quantized", activation_scaling="row", weight_block="1x16"),
+    FourOverSixRecipe(backward="dequantized"), FourOverSixRecipe(backward="high_precision")])
+@pytest.mark.parametrize("cached", [False, True])
+def test_gate_and_up_share_one_quantization_of_their_input_bitwise(recipe, cached):
+    """w1 and w3 read the same tokens: the chain quantizes them once (four_over_six_grouped_mms) and, in the
+    quantized backward, A^T once for both wgrads; outputs and every gradient are the bytes of three separate
+    grouped GEMMs under autograd, the stochastic dy's seeds included (the shared backward runs w3's GEMM first,
+    as autograd does)."""
+    from titan_fp4six.ops import quantize_grouped_weight
+    from titan_fp4six.quant.process_state import set_rounding_seed
+
+    e = _experts()
+    counts = torch.tensor([16, 0, 33, 7])
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    x = _x(int(counts.sum())).bfloat16()
+    grads = []
+    for shared in (False, True):
+        ws = [w.detach().bfloat16().requires_grad_() for w in (e.w1, e.w2, e.w3)]
+        xs = x.clone().requires_grad_()
+        qws = [quantize_grouped_weight(w.transpose(-2, -1), recipe=recipe) if cached else None for w in ws]
+        set_rounding_seed(7, 3)
+        if shared:
+            out = run_experts(*ws, xs, counts, recipe, rows=int(offs[-1]), quantized=tuple(qws))
+        else:
+            def mm(i, a):
+                return four_over_six_grouped_mm(a, ws[i].transpose(-2, -1), offs, recipe=recipe,
+                                                quantized_weight=qws[i])
+            out = mm(1, F.silu(mm(0, xs)) * mm(2, xs))
+        out.float().square().sum().backward()
+        grads.append([out, xs.grad, *(w.grad for w in ws)])
+    for want, got in zip(*grads):
+        assert torch.equal(want, got)
+    assert grads[1][1].abs().sum() > 0 and grads[1][2][1].abs().sum() == 0  # expert 1 got no tokens
+
+
+def test_the_chain_quantizes_each_gemm_input_once():
+    """A profiled step of the chain with the quantized backward: x (A, then the gate's product) and x_t are
+    quantized twice, once per distinct input, not three times; each weight, dy and dy_t once per GEMM."""
+    recipe = FourOverSixRecipe(backward="quantized")
+    e = _experts()
+    x = _x(int(COUNTS.sum())).requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_experts(e.w1, e.w2, e.w3, x, COUNTS, recipe).sum().backward()
+    roles = [ev.name.removeprefix("titan_fp4six quantize ") for ev in prof.events()
+             if ev.name.startswith("titan_fp4six quantize ")]
+    assert sorted(roles) == sorted(["x", "x_t"] * 2 + ["w", "dy", "dy_t"] * 3), roles
+
+
 def test_padded_groups_are_multiples_of_the_alignment(monkeypatch):
     seen = []
     import titan_fp4six.modules.experts as mod

@@ -55,7 +55,7 @@ def test_forward_matches_float64_oracle(recipe):
 def test_equals_per_group_loop_of_the_dense_op(recipe):
     A, W, offs, dy = _inputs(1)
     out, dA, dW = _run(A, W, offs, dy, recipe)
-    fwd = torch.ops.titan_fp4six.grouped_fwd(A, W.transpose(-2, -1), offs, recipe.resolve(grouped=True).key)
+    fwd = torch.ops.titan_fp4six.grouped_fwd(A, [W.transpose(-2, -1)], offs, recipe.resolve(grouped=True).key)
     assert torch.equal(fwd[7], torch.tensor([e for e, (s, t) in enumerate(_groups(offs)) for _ in range(t - s)]
                                             + [len(offs)] * (A.shape[0] - int(offs[-1]))))  # saved for the backward
     assert torch.equal(fwd[8], torch.tensor([s == t for s, t in _groups(offs)]))
@@ -67,7 +67,7 @@ def test_equals_per_group_loop_of_the_dense_op(recipe):
         # identical quantization: the same codes and scales as the dense op on the group alone
         dense = torch.ops.titan_fp4six.dense_fwd(A[s:t], W[e], dense_recipe.key)
         assert torch.equal(fwd[1][s:t], dense[1]) and torch.equal(fwd[2][s:t].view(torch.uint8), dense[2].view(torch.uint8))
-        assert torch.equal(fwd[4][e * N:(e + 1) * N], dense[3])
+        assert torch.equal(fwd[4][0][e * N:(e + 1) * N], dense[3])
         # GEMM outputs up to the grouped GEMM's one extra bf16 rounding; grads up to accumulation order
         a, w = A[s:t].clone().requires_grad_(), W[e].clone().requires_grad_()
         ref = four_over_six_mm(a, w, recipe=dense_recipe)

@@ -45,8 +45,8 @@ def test_grouped_scope_picks_the_operands_that_choose(scope):
     x, w = _data()
     offs = torch.tensor([16, 16, 48, 64], dtype=torch.int32)
     recipe = FourOverSixRecipe(scope=scope, activation_scaling="row", weight_block="1x16").resolve(grouped=True)
-    fwd = torch.ops.titan_fp4six.grouped_fwd(x, w.transpose(-2, -1), offs, recipe.key)
-    ac, as_, a_amax, wc, ws, w_amax = fwd[1:7]
+    fwd = torch.ops.titan_fp4six.grouped_fwd(x, [w.transpose(-2, -1)], offs, recipe.key)
+    ac, as_, a_amax, (wc,), (ws,), (w_amax,) = fwd[1:7]
     act, wgt = CHOOSERS[scope]
     want_a = _expected(x, a_amax, "1x16", act)
     want_w = _expected(w.reshape(-1, 128), w_amax.repeat_interleave(48), "1x16", wgt)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..numerics.formats import BLOCK_SIZE
-from ..ops import FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mm, quantize_grouped_weight
+from ..ops import FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mms, quantize_grouped_weight
 from ..ops.checks import check_recipe
 from .autocast import autocast_dtype, cast_operands, no_autocast
 from .dtensor import is_dtensor, local_weight
@@ -39,18 +39,18 @@ _NAMES = ("w1", "w2", "w3")
 _NO_CACHE = (None, None, None)
 
 
-def gated(mm):
-    """The SiLU-gated experts' chain over the grouped GEMM mm(name, A, offs) of A's rows with the experts' weight
-    `name` ("w1", "w3", "w2"): chain(A, offs) = w2(silu(w1 A) * w3 A) by token groups offs (A's rows all tokens)."""
+def gated(mms):
+    """The SiLU-gated experts' chain over the grouped GEMMs mms(names, A, offs) of A's rows with the experts'
+    weights `names` (("w1", "w3"), then ("w2",)), a tuple of their outputs: chain(A, offs) = w2(silu(w1 A) * w3 A)
+    by token groups offs (A's rows all tokens). w1 and w3 read the same A: one mms call quantizes it once."""
     def chain(A: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        h = F.silu(mm("w1", A, offs))
-        h = h * mm("w3", A, offs)
-        return mm("w2", h, offs)
+        gate, up = mms(("w1", "w3"), A, offs)
+        return mms(("w2",), F.silu(gate) * up, offs)[0]
     return chain
 
 
 def experts_forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, chain, rows: int | None = None) -> torch.Tensor:
-    """chain(A, offs) (gated(mm)) on expert-sorted rows; rows past the last group (padding tail) come back as
+    """chain(A, offs) (gated(mms)) on expert-sorted rows; rows past the last group (padding tail) come back as
     zeros. `rows` is offs[-1] when the caller already knows it (saves a host sync)."""
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     if rows is None:
@@ -66,16 +66,17 @@ def experts_forward_padded(x: torch.Tensor, num_tokens_per_expert: torch.Tensor,
     return experts_forward(x_padded, sizes, chain, rows=x_padded.shape[0]).index_select(0, dest)
 
 
-def _weights_mm(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, recipe: FourOverSixRecipe,
-                quantized: tuple[QuantizedWeight | None, ...]):
-    """gated's mm over the (E, out, in) weights, each with its cached QuantizedWeight or None."""
+def _weights_mms(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, recipe: FourOverSixRecipe,
+                 quantized: tuple[QuantizedWeight | None, ...]):
+    """gated's mms over the (E, out, in) weights, with their cached QuantizedWeights or Nones."""
     weights = dict(zip(_NAMES, (w1, w2, w3)))
     cached = dict(zip(_NAMES, quantized))
 
-    def mm(name, A, offs):
-        return four_over_six_grouped_mm(A, weights[name].transpose(-2, -1), offs, recipe=recipe,
-                                        quantized_weight=cached[name])
-    return mm
+    def mms(names, A, offs):
+        qws = None if cached[names[0]] is None else [cached[n] for n in names]
+        return four_over_six_grouped_mms(A, [weights[n].transpose(-2, -1) for n in names], offs, recipe=recipe,
+                                         quantized_weights=qws)
+    return mms
 
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
@@ -83,7 +84,7 @@ def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.T
                 quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """experts_forward on the weights w1, w2, w3 (E, out, in); `quantized`: their cached QuantizedWeights in
     (w1, w2, w3) order, or Nones."""
-    return experts_forward(x, num_tokens_per_expert, gated(_weights_mm(w1, w2, w3, recipe, quantized)), rows)
+    return experts_forward(x, num_tokens_per_expert, gated(_weights_mms(w1, w2, w3, recipe, quantized)), rows)
 
 
 def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: torch.Tensor,
@@ -91,13 +92,13 @@ def run_experts_padded(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x: 
                        align: int = GROUP_ALIGN,
                        quantized: tuple[QuantizedWeight | None, ...] = _NO_CACHE) -> torch.Tensor:
     """experts_forward_padded on the weights w1, w2, w3 (as run_experts)."""
-    return experts_forward_padded(x, num_tokens_per_expert, gated(_weights_mm(w1, w2, w3, recipe, quantized)), align)
+    return experts_forward_padded(x, num_tokens_per_expert, gated(_weights_mms(w1, w2, w3, recipe, quantized)), align)
 
 
 def _cast_gated(A: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
                 recipe: FourOverSixRecipe, dtype: torch.dtype | None) -> torch.Tensor:
     """gated over the weights cast to `dtype` (autocast's; None: as given), the graph compiled_chain compiles."""
-    return gated(_weights_mm(*cast_operands((w1, w2, w3), dtype), recipe, _NO_CACHE))(A, offs)
+    return gated(_weights_mms(*cast_operands((w1, w2, w3), dtype), recipe, _NO_CACHE))(A, offs)
 
 
 @functools.cache
@@ -191,7 +192,7 @@ def converted_experts_forward(module: nn.Module, names: tuple[str, str, str], x:
             chain = compiled_chain(weights, recipe, dtype, compile_backend)
         else:
             weights = cast_operands(weights, dtype)
-            chain = gated(_weights_mm(*weights, recipe, _NO_CACHE if quantize is None else quantize(weights)))
+            chain = gated(_weights_mms(*weights, recipe, _NO_CACHE if quantize is None else quantize(weights)))
         if pad_multiple is None:
             out = experts_forward(x_in, num_tokens_per_expert, chain)
         else:

@@ -57,17 +57,31 @@ def dense_grad_operands(dy: Tensor, x: Tensor, weight: Tensor | None, w_tiles: O
     return GradOperands(dyq, dy_amax, w_t, dy_t, dy_t_amax, x_t, x_t_amax)
 
 
+def grouped_token_operand(A: Tensor, offs: Tensor, group_of_row: Tensor, a_amax: Tensor,
+                          q: GemmQuantizers) -> tuple[TokenBlocks, Operand, Tensor]:
+    """(the token-block layout, A^T's wgrad operand, its amaxes): A^T blocked along each group's tokens by q.x_t
+    (see grouped_grad_operands). It depends on A alone, so the grouped GEMMs of one A (ops.grouped) build it once
+    for all their wgrads: its quantization rounds to nearest (no seed), so sharing it changes no byte."""
+    tokens = TokenBlocks.of(offs, A.shape[0])
+    x_t, x_t_amax = q.x_t.token_blocks(A, tokens, a_amax, group_of_row)
+    return tokens, x_t, x_t_amax
+
+
 def grouped_grad_operands(dy: Tensor, A: Tensor, B_t: Tensor | None, offs: Tensor, group_of_row: Tensor,
                           a_amax: Tensor, w_tiles: Operand | None, w_amax: Tensor, q: GemmQuantizers,
-                          need_da: bool, need_dw: bool) -> GradOperands:
+                          need_da: bool, need_dw: bool,
+                          token_operand: tuple[TokenBlocks, Operand, Tensor] | None = None) -> GradOperands:
     """A grouped GEMM's, per expert: dy by rows (blocks along N) by q.dy with one amax per token group; W_e^T
     blocked along N by q.w_t with the forward's expert amax (w_tiles: the forward's 16x16 tiles, transposed per
     expert; else B_t's rows re-quantized, N zero-padded to a multiple of 16); dy^T and A^T blocked along each
     group's tokens, each group zero-padded to 16-token blocks (RoleQuantizer.token_blocks), dy^T with dy's group
     amax, A^T by q.x_t with the forward's group amax or, row-scaled, the group's column amax; with wgrad_rht
-    both transformed block by block first. Rows past offs[-1] are read by no amax."""
-    experts, (rows, n) = offs.numel(), dy.shape
-    tokens = TokenBlocks.of(offs, rows) if need_dw else None
+    both transformed block by block first. Rows past offs[-1] are read by no amax. token_operand:
+    grouped_token_operand's result where the caller built it (the GEMMs of one A share it), else built here."""
+    experts, n = offs.numel(), dy.shape[1]
+    if need_dw and token_operand is None:
+        token_operand = grouped_token_operand(A, offs, group_of_row, a_amax, q)
+    tokens = token_operand[0] if need_dw else None
     dy_rht = q.dy_t.transform_token_blocks(dy, tokens) if need_dw else None
     dy_amax = dy_rht.source_amax if dy_rht and dy_rht.source_amax is not None else run_token_groups(
         dy, offs, False, q.backends.quantizer)[0]
@@ -83,5 +97,5 @@ def grouped_grad_operands(dy: Tensor, A: Tensor, B_t: Tensor | None, offs: Tenso
         dyq = q.dy.rows(dy_rows, dy_amax, RowGroups(group_of_row, experts, amax_by_group=True))
     if need_dw:
         dy_t, dy_t_amax = q.dy_t.token_blocks(dy, tokens, dy_amax, group_of_row, dy_rht)
-        x_t, x_t_amax = q.x_t.token_blocks(A, tokens, a_amax, group_of_row)
+        _, x_t, x_t_amax = token_operand
     return GradOperands(dyq, dy_amax, w_t, dy_t, dy_t_amax, x_t, x_t_amax, tokens)

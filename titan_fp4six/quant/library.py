@@ -29,7 +29,7 @@ def in_profiler_range(name: str, fn, *args):
 
 class CompileOpaqueOp:
     """`op(*args)`: the body in eager mode, `torch.ops.titan_fp4six.<name>` while torch.compile traces or on
-    meta tensors (shape-only tracing); an op's first argument is a tensor."""
+    meta tensors (shape-only tracing); an op's first argument is a tensor or a non-empty list of them."""
 
     def __init__(self, name: str, body):
         self.qualname = f"titan_fp4six::{name}"
@@ -38,7 +38,8 @@ class CompileOpaqueOp:
         self.register_fake = self.custom_op.register_fake
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or args[0].is_meta:  # meta: the fake implementation gives the shapes
+        first = args[0][0] if isinstance(args[0], list) else args[0]
+        if torch.compiler.is_compiling() or first.is_meta:  # meta: the fake implementation gives the shapes
             return self.custom_op(*args)
         return in_profiler_range(self.qualname, self.body, *args)
 

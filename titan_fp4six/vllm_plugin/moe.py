@@ -12,7 +12,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from ..modules.experts import GROUP_ALIGN, experts_forward_padded, gated
 from ..numerics.formats import BLOCK_SIZE
-from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mm
+from ..ops import FourOverSixRecipe, QuantizedWeight, loaded_weight_grouped_mms
 from ..ops.checkpoint import amax_for_factor
 from ..ops.checks import blockable
 from .loaded import check_finite, dummy_load, incomplete, not_quantized, recording
@@ -121,10 +121,10 @@ class FourOverSixMoEMethod(FusedMoEMethodBase):
         counts = torch.bincount(flat, minlength=experts)
         weights = self._weights(layer)
 
-        def mm(name, A, offs):
-            return loaded_weight_grouped_mm(A, offs, weights[name], recipe=self.recipe)
+        def mms(names, A, offs):
+            return loaded_weight_grouped_mms(A, offs, [weights[n] for n in names], recipe=self.recipe)
         rows = x.index_select(0, order // topk_ids.shape[1])
-        return experts_forward_padded(rows, counts, gated(mm), GROUP_ALIGN), order
+        return experts_forward_padded(rows, counts, gated(mms), GROUP_ALIGN), order
 
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
               shared_experts_input) -> torch.Tensor:
