@@ -6,7 +6,7 @@ import torch
 
 from titan_fp4six.numerics.reference import global_decode_factor
 from titan_fp4six.ops import (FourOverSixRecipe, QuantizedWeight, four_over_six_grouped_mm, four_over_six_mm,
-                              loaded_weight_grouped_mm, loaded_weight_mm, quantize_grouped_weight,
+                              loaded_weight_grouped_mm, loaded_weight_grouped_mms, loaded_weight_mm, quantize_grouped_weight,
                               quantize_linear_weight)
 from titan_fp4six.ops.checkpoint import amax_for_factor, serving_knobs, serving_recipe, weight_tensors
 
@@ -73,6 +73,10 @@ def test_loaded_expert_weights_give_the_training_forwards_output(scaling, device
     assert torch.equal(loaded_weight_grouped_mm(A, offs, loaded, recipe=recipe), expected)
     with pytest.raises(ValueError, match=r"weight amax of shape \(3,\) for 96 rows; want \(2,\)"):
         loaded_weight_grouped_mm(A, offs[:2], loaded, recipe=recipe)
+    # two weights of one A (the serving experts' w1 and w3): A quantized once, each output the single call's
+    half = QuantizedWeight.loaded(loaded.codes[:48], loaded.scales[:48], loaded.amax)
+    one, other = loaded_weight_grouped_mms(A, offs, [loaded, half], recipe=recipe)
+    assert torch.equal(one, expected) and torch.equal(other, loaded_weight_grouped_mm(A, offs, half, recipe=recipe))
 
 
 def test_serving_recipe_takes_exactly_the_serving_knobs():

@@ -171,3 +171,22 @@ def test_the_saved_structures_name_the_backward_ops_arguments():
     for saved, op in ((dense._DenseSaved, dense.dense_bwd), (grouped._GroupedSaved, grouped.grouped_bwd)):
         params = list(inspect.signature(op.body).parameters)
         assert saved._fields == tuple(params[1:1 + len(saved._fields)]), (saved._fields, params)
+
+
+def test_several_gemms_of_one_input_refuse_what_does_not_pair():
+    """four_over_six_grouped_mms: at least one B_t, one dtype for all (their gradients'), one QuantizedWeight per
+    B_t; each B_t is checked as four_over_six_grouped_mm checks it."""
+    from titan_fp4six.ops import four_over_six_grouped_mms, quantize_grouped_weight
+
+    A, W, offs, _ = _inputs(2)
+    recipe = FourOverSixRecipe()
+    B_t = W.transpose(-2, -1)
+    with pytest.raises(ValueError, match="at least one B_t"):
+        four_over_six_grouped_mms(A, [], offs, recipe=recipe)
+    with pytest.raises(TypeError, match="B_ts must share one dtype"):
+        four_over_six_grouped_mms(A, [B_t, B_t.float()], offs, recipe=recipe)
+    with pytest.raises(ValueError, match="quantized_weights holds 1 weights for 2 B_ts"):
+        four_over_six_grouped_mms(A, [B_t, B_t], offs, recipe=recipe,
+                                  quantized_weights=[quantize_grouped_weight(B_t, recipe=recipe)])
+    with pytest.raises(ValueError, match=r"A has K=\d+ but B_t"):
+        four_over_six_grouped_mms(A, [B_t, B_t[:, :16]], offs, recipe=recipe)
