@@ -503,7 +503,17 @@ FP4_FED_OPS = ("titan_fp4six::dense_fwd", "titan_fp4six::dense_bwd", "titan_fp4s
 DECODE_SHARE = 2.0 / (2.0 + 0.5 + 1 / 16 + 2.0)  # of a bf16 quantize-with-decode's bytes: the bf16 decode written
 
 
-def project_step(kernel_ms_by_op: dict) -> dict:
+def dgrad_quantize_share(profile: dict) -> float:
+    """The share of the grouped backward's quantize time that feeds its FP4 dgrad (operand dy), from the profile's
+    quantize launches by role; a third (dy of dy, dy^T, x^T) for a profile that predates the roles."""
+    launches = [q for q in profile.get("quantize_launches", []) if q["op"] == "titan_fp4six::grouped_bwd"]
+    total = sum(q["us"] for q in launches)
+    if not total or any(q.get("role") is None for q in launches):
+        return 1 / 3
+    return sum(q["us"] for q in launches if q["role"] == "dy") / total
+
+
+def project_step(kernel_ms_by_op: dict, dgrad_share: float = 1 / 3) -> dict:
     """A profiled H200 step's kernel time by op and kind -> the same step on a B200, in ms by kind (a projection
     at equal efficiency: each kernel's time scaled by the ratio of the resource that bounds it).
 
@@ -512,7 +522,8 @@ def project_step(kernel_ms_by_op: dict) -> dict:
     backward's GEMM FLOPs, its dgrad; the grouped wgrad stays emulated in bf16, docs/ops.md) by FP4 over H200
     bf16. Every other kernel is memory-bound and scales by bandwidth; the quantize kernels of operands that feed
     an FP4 GEMM also drop the bf16 decode they write on Hopper (DECODE_SHARE of their bytes; the grouped
-    backward's: a third of its quantizations, its dy for the dgrad). Host time is not projected."""
+    backward's: its dy for the dgrad, dgrad_share of its quantize time, dgrad_quantize_share). Host time is not
+    projected."""
     bf16, fp4 = H200["bf16"] / B200["bf16"], H200["bf16"] / B200["fp4"]
     memory = H200["bandwidth"] / B200["bandwidth"]
     out: dict[str, float] = {}
@@ -529,7 +540,7 @@ def project_step(kernel_ms_by_op: dict) -> dict:
             else:
                 scaled = ms * memory
                 if kind == "quantize" and (op in FP4_FED_OPS or op == "titan_fp4six::grouped_bwd"):
-                    dropped = DECODE_SHARE if op in FP4_FED_OPS else DECODE_SHARE / 3
+                    dropped = DECODE_SHARE if op in FP4_FED_OPS else DECODE_SHARE * dgrad_share
                     scaled *= 1 - dropped
                 key = kind
             out[key] = out.get(key, 0.0) + scaled
@@ -545,7 +556,7 @@ def projection_table(twin: dict, recipe: dict) -> str:
         for kinds in prof["kernel_ms_by_op"].values():
             for kind, ms in kinds.items():
                 measured[kind] = measured.get(kind, 0.0) + ms
-        rows[label] = (measured, project_step(prof["kernel_ms_by_op"]))
+        rows[label] = (measured, project_step(prof["kernel_ms_by_op"], dgrad_quantize_share(prof)))
     kinds = sorted({k for m, p in rows.values() for k in (*m, *p)}, key=lambda k: -rows["4/6"][1].get(k, 0.0))
     lines = ["| kernel kind | bf16 H200 ms | bf16 B200 ms (projected) | 4/6 H200 ms | 4/6 B200 ms (projected) |",
              "| --- | --- | --- | --- | --- |"]

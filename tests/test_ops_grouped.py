@@ -190,3 +190,26 @@ def test_several_gemms_of_one_input_refuse_what_does_not_pair():
                                   quantized_weights=[quantize_grouped_weight(B_t, recipe=recipe)])
     with pytest.raises(ValueError, match=r"A has K=\d+ but B_t"):
         four_over_six_grouped_mms(A, [B_t, B_t[:, :16]], offs, recipe=recipe)
+
+
+def test_an_unused_output_of_several_gemms_gets_no_backward():
+    """Like a separate GEMM whose output is unused: its weight's gradient stays None and its GEMM takes no
+    stochastic seed, so the used output's gradients are the single call's bytes."""
+    from titan_fp4six.ops import four_over_six_grouped_mms
+    from titan_fp4six.quant.process_state import GRADIENT_ROUNDING, set_rounding_seed
+
+    A, W, offs, dy = _inputs(3, tail=0.0)
+    recipe = FourOverSixRecipe(backward="quantized", gradient_rounding="stochastic")
+    runs = []
+    for several in (False, True):
+        a, w1, w3 = (t.clone().requires_grad_() for t in (A, W, W.flip(0)))
+        set_rounding_seed(5, 1)
+        if several:
+            out, _ = four_over_six_grouped_mms(a, [w1.transpose(-2, -1), w3.transpose(-2, -1)], offs, recipe=recipe)
+        else:
+            out = four_over_six_grouped_mm(a, w1.transpose(-2, -1), offs, recipe=recipe)
+        out.backward(dy)
+        runs.append((a.grad, w1.grad, w3.grad, GRADIENT_ROUNDING.calls))
+    (a0, w0, none0, calls0), (a1, w1_, none1, calls1) = runs
+    assert torch.equal(a0, a1) and torch.equal(w0, w1_) and none0 is None and none1 is None
+    assert calls0 == calls1 == 2  # dgrad's dy, then wgrad's dy^T

@@ -90,6 +90,20 @@ def test_blackwell_projection_scales_each_kernel_by_what_bounds_it():
     share = runs.DECODE_SHARE
     assert abs(got["quantize"] - (3.0 * memory * (1 - share) + 6.0 * memory * (1 - share / 3))) < 1e-12
     assert 0.4 < share < 0.5  # 2 of the 4.5625 bytes per element a bf16 quantize-with-decode moves
+    halved = runs.project_step({"titan_fp4six::grouped_bwd": {"quantize": 6.0}}, dgrad_share=0.5)
+    assert abs(halved["quantize"] - 6.0 * memory * (1 - share / 2)) < 1e-12
+
+
+def test_the_dgrad_share_of_the_grouped_quantize_comes_from_the_launches_roles():
+    """The grouped backward's dy share of its quantize time, from the profile's launches (the w1/w3 op quantizes
+    two dy per x^T); a third for a profile whose launches carry no role."""
+    def launch(role, us, op="titan_fp4six::grouped_bwd"):
+        return {"op": op, "role": role, "grid": [1, 1, 1], "ts": 0, "us": us}
+    profile = {"quantize_launches": [launch("dy", 10), launch("dy_t", 20), launch("dy", 10), launch("dy_t", 20),
+                                     launch("x_t", 40), launch("dy", 99, "titan_fp4six::dense_bwd")]}
+    assert runs.dgrad_quantize_share(profile) == 20 / 100
+    assert runs.dgrad_quantize_share({"quantize_launches": [launch(None, 5)]}) == 1 / 3
+    assert runs.dgrad_quantize_share({}) == 1 / 3
 
 
 def test_quantize_launches_pair_one_by_one_within_each_op():

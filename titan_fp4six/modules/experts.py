@@ -73,7 +73,11 @@ def _weights_mms(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, recipe: F
     cached = dict(zip(_NAMES, quantized))
 
     def mms(names, A, offs):
-        qws = None if cached[names[0]] is None else [cached[n] for n in names]
+        qws = [cached[n] for n in names]
+        if any(q is None for q in qws):
+            if any(q is not None for q in qws):
+                raise ValueError(f"the cached QuantizedWeights of {names} are partial; give all of them or none")
+            qws = None
         return four_over_six_grouped_mms(A, [weights[n].transpose(-2, -1) for n in names], offs, recipe=recipe,
                                          quantized_weights=qws)
     return mms

@@ -6,7 +6,6 @@ each expert's amax covering its N rows (16x16 tiles stay inside an expert when N
 offs[-1] are not tokens: no amax reads them, their output rows are zeros and their gradient rows are zeros.
 """
 
-import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -185,7 +184,11 @@ def grouped_bwd(dys: list[Tensor], A: Tensor | None, B_ts: list[Tensor | None], 
                 w = B_t.transpose(-2, -1).to(a_dtype)
             grads[i] = _high_precision_grads(dys[i], A, w, offs, group_of_row, empty_groups, q, a_dtype, w_dtype,
                                              need_da, need_dw[i])
-    dA = functools.reduce(torch.add, (grads[i][0] for i in grads)) if need_da else dys[0].new_empty(0)
+    dA = dys[0].new_empty(0)
+    if need_da:  # summed in place, in the GEMMs' order: a + b is b + a, so these are autograd's bytes
+        dA, *rest = (grads[i][0] for i in grads)
+        for d in rest:
+            dA.add_(d)
     return dA, [grads[i][1] for i in range(len(dys))]
 
 
@@ -259,16 +262,24 @@ class _GroupedFunction(torch.autograd.Function):
         saved = _GroupedSaved.of(p, A, B_ts, offs, group_of_row, empty_groups, ac, as_, aa, wc, ws, w_dec, wa)
         ctx.save_for_backward(*saved.flat())
         ctx.config = (key, A.dtype, B_ts[0].dtype, len(B_ts))
+        ctx.set_materialize_grads(False)  # an unused output's GEMM gets no backward, as a separate call's would not
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *dys):
         key, a_dtype, w_dtype, gemms = ctx.config
-        need_da, need_dw = ctx.needs_input_grad[0], list(ctx.needs_input_grad[4:])
+        used = [i for i, dy in enumerate(dys) if dy is not None]
+        need_da, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[4:]
+        dWs = [None] * gemms
+        if not used or not (need_da or any(need_dw[i] for i in used)):
+            return None, None, None, None, *dWs
         saved = _GroupedSaved.unflat(ctx.saved_tensors, gemms)
-        dA, dWs = grouped_bwd([dy.contiguous() for dy in dys], *saved, key, a_dtype, w_dtype, need_da, need_dw)
-        return ((dA if need_da else None), None, None, None,
-                *(dW.transpose(-2, -1) if need else None for dW, need in zip(dWs, need_dw)))
+        saved = saved._replace(**{f: [getattr(saved, f)[i] for i in used] for f in _LIST_FIELDS})
+        dA, grads = grouped_bwd([dys[i].contiguous() for i in used], *saved, key, a_dtype, w_dtype, need_da,
+                                [need_dw[i] for i in used])
+        for i, dW in zip(used, grads):
+            dWs[i] = dW.transpose(-2, -1) if need_dw[i] else None
+        return (dA if need_da else None), None, None, None, *dWs
 
 
 def quantize_grouped_weight(B_t: Tensor, *, recipe: FourOverSixRecipe) -> QuantizedWeight:
@@ -336,9 +347,10 @@ def four_over_six_grouped_mms(A: Tensor, B_ts: Sequence[Tensor], offs: Tensor, *
                               quantized_weights: Sequence[QuantizedWeight] | None = None) -> tuple[Tensor, ...]:
     """four_over_six_grouped_mm(A, B_t, offs) for each B_t of B_ts, A's rows quantized once for all of them (and,
     in the quantized backward, A^T once for all their wgrads): the experts' gate and up projections (w1, w3)
-    read the same tokens. The same bytes as separate calls, gradients included: the backward runs the GEMMs
-    last first, as autograd runs separate GEMMs of one A. quantized_weights: one QuantizedWeight per B_t
-    (quantize_grouped_weight), or None."""
+    read the same tokens. The same bytes as separate calls, gradients included: the backward runs the GEMMs of
+    the used outputs last first, as autograd runs separate GEMMs of one A (so a stochastic dy takes the same
+    seeds), and sums dA in that order, which is autograd's where nothing else adds to A's gradient between
+    them. quantized_weights: one QuantizedWeight per B_t (quantize_grouped_weight), or None."""
     if not B_ts:
         raise ValueError("four_over_six_grouped_mms needs at least one B_t")
     for B_t in B_ts:
