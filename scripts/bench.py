@@ -459,6 +459,11 @@ EXPERT_SHAPES = (("w1/w3", 65536, 2048, 768), ("w2", 65536, 768, 2048))  # Qwen3
 EXPERTS = 128
 
 
+X_ROWS, X_T_BLOCKS = "forward: x rows (4/6)", "wgrad: x^T token blocks (RHT, 4/6)"
+SHARED_BY_W1_W3 = (X_ROWS, X_T_BLOCKS)
+"""The w1/w3 operands of their common input, quantized once for both GEMMs (ops.four_over_six_grouped_mms)."""
+
+
 def _full_recipe_pieces(label, m, k, n, rep_ms, rounds):
     """Each operand of the full 4/6 recipe's grouped GEMM (forward and quantized backward), quantized with the
     bf16 decode the emulated GEMMs read and without it (what an FP4 GEMM, or one decoding in its prologue,
@@ -487,13 +492,12 @@ def _full_recipe_pieces(label, m, k, n, rep_ms, rounds):
                                                                                               "x_t")}
         dy_rht, x_rht = role["dy_t"].transform_token_blocks(dy, tb), role["x_t"].transform_token_blocks(A, tb)
         fns.update({
-            ("forward: x rows (4/6)", decode): lambda r=role: r["x"].rows(A, a_amax, groups),
+            (X_ROWS, decode): lambda r=role: r["x"].rows(A, a_amax, groups),
             ("forward: W 16x16 tiles (4/6)", decode): lambda r=role: r["w"].rows(W, w_amax),
             ("dgrad: dy rows (stochastic)", decode): lambda r=role: r["dy"].rows(dy, dy_amax, groups),
             ("wgrad: dy^T token blocks (RHT, stochastic)", decode):
                 lambda r=role, t=dy_rht: r["dy_t"].token_blocks(dy, tb, dy_amax, group_of_row, t),
-            ("wgrad: x^T token blocks (RHT, 4/6)", decode):
-                lambda r=role, t=x_rht: r["x_t"].token_blocks(A, tb, a_amax, group_of_row, t),
+            (X_T_BLOCKS, decode): lambda r=role, t=x_rht: r["x_t"].token_blocks(A, tb, a_amax, group_of_row, t),
         })
     w_op = RoleQuantizer(plan.w, Backends("triton", False)).rows(W, w_amax)
     codes, scales = w_op.codes, w_op.scales
@@ -503,6 +507,11 @@ def _full_recipe_pieces(label, m, k, n, rep_ms, rounds):
     return [(label, name, t[(name, True)], t.get((name, False), 0.0)) for name in dict.fromkeys(n for n, _ in fns)]
 
 
+def _layer_count(row: tuple) -> int:
+    """How often a layer's step runs a prologue-operands row: w1/w3's own operands twice, their shared x once."""
+    return 2 if row[0] == "w1/w3" and row[1] not in SHARED_BY_W1_W3 else 1
+
+
 def prologue_operands_table(rows: list) -> str:
     """speed.md's prologue-operands section: each grouped operand of the full recipe with and without the bf16
     decode (rows: (GEMM, operand, with ms, without ms), _full_recipe_pieces'), and one layer's sum."""
@@ -510,8 +519,9 @@ def prologue_operands_table(rows: list) -> str:
              "| --- | --- | --- | --- | --- |"]
     for label, name, with_dec, without in rows:
         lines.append(f"| {label} | {name} | {with_dec:.3f} | {without:.3f} | {1 - without / with_dec:.0%} |")
-    per_layer = [sum((2 if r[0] == "w1/w3" else 1) * r[i] for r in rows) for i in (2, 3)]
-    lines.append(f"| one layer | w1 and w3 at the first shape, w2 at the second | {per_layer[0]:.3f} | "
+    per_layer = [sum(_layer_count(r) * r[i] for r in rows) for i in (2, 3)]
+    lines.append(f"| one layer | w1 and w3 at the first shape (their shared x once), w2 at the second | "
+                 f"{per_layer[0]:.3f} | "
                  f"{per_layer[1]:.3f} | {1 - per_layer[1] / per_layer[0]:.0%} |")
     return "\n".join(lines) + "\n"
 
