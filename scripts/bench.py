@@ -580,10 +580,10 @@ LAYOUT_EXPERTS = 64  # equal token groups of the grouped layouts
 
 
 def layout_kernels(m, k, rep_ms, rounds) -> dict:
-    """Each 4/6 layout of the full recipe (rows with a per-tensor or per-token-group amax, 16x16 weight tiles,
-    x^T read columnwise or by token blocks, of equal groups or of routed ones padded as training has them)
-    against its plain-NVFP4 twin on the same bytes, with and without the decode. Printed; returns
-    {(layout, decode): {"fos": ms, "nvfp4": ms}}."""
+    """Each 4/6 layout of the full recipe (rows with a per-tensor or per-token-group amax, 16x16 weight tiles with
+    one amax per tensor or per expert, x^T read columnwise or by token blocks, of equal groups or of routed ones
+    padded as training has them) against its plain-NVFP4 twin on the same bytes, with and without the decode.
+    Printed; returns {(layout, decode): {"fos": ms, "nvfp4": ms}}."""
     from titan_fp4six.kernels import quantize as kq
     from titan_fp4six.modules.experts import GROUP_ALIGN, pad_token_groups
     from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
@@ -594,6 +594,7 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     amax = tensor_amax(x)
     offs = (torch.arange(1, LAYOUT_EXPERTS + 1, device="cuda") * (m // LAYOUT_EXPERTS)).to(torch.int32)
     group_amax, group_of_row, _ = run_token_groups(x, offs, False, "reference")
+    expert_amax = x.view(LAYOUT_EXPERTS, -1).abs().amax(dim=1).float()  # x's rows as 64 experts' weights
     groups = RowGroups(group_of_row, LAYOUT_EXPERTS, amax_by_group=True)
     blocks = TokenBlocks.of(offs, m)
     # x's rows dealt to the experts at random and each group padded with zero rows, as the experts module hands
@@ -613,6 +614,8 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
         "rows, per-group amax (grouped x)": ("x", True, lambda spec, d: kq.quantize(x, group_amax, spec, d,
                                                                                     groups=groups, map4=False)),
         "16x16 tiles (weights)": ("w", False, rows),
+        "16x16 tiles, one amax per expert (expert weights)": ("w", False, lambda spec, d: kq.quantize(
+            x, expert_amax, spec, d, map4=False)),
         "columns (dense x^T, wgrad)": ("x_t", False, lambda spec, d: kq.quantize_columnwise(x, amax, spec, d,
                                                                                            map4=False)),
         "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(

@@ -7,7 +7,8 @@ import logging
 import pytest
 import torch
 
-from tests.helpers.kernel_cases import KINDS, amax_check_cases, cases, compare, near_tie_case
+from tests.helpers.kernel_cases import (KINDS, amax_check_cases, cases, compare, compare_expert_amax,
+                                        expert_weight_case, near_tie_case)
 from titan_fp4six import quant
 from titan_fp4six.numerics.spec import four_over_six_spec
 
@@ -46,6 +47,15 @@ def test_near_tied_candidate_errors(kq, block, err_mode, bound):
     settle a block only when the exact comparison agrees, and hand the rest to the exact arithmetic."""
     x, amax = near_tie_case(block, err_mode, bound, count=256)
     assert compare(kq, x.cuda(), amax.cuda(), block, err_mode, bound) == []
+
+
+@pytest.mark.parametrize("rows_per_expert", (16, 48, 768))
+@pytest.mark.parametrize("err_mode, bound", KNOBS)
+def test_expert_weights_one_amax_per_expert(kq, rows_per_expert, err_mode, bound):
+    """16x16 tiles of expert weights with one amax per expert's rows (the grouped forward's W): the kernel reads
+    the tile row's amax as a scalar; bytes equal to the reference given each row's amax."""
+    x, amax = expert_weight_case(rows_per_expert, cols=272)
+    assert not compare_expert_amax(kq, x.cuda(), amax.cuda(), err_mode, bound)
 
 
 @pytest.mark.parametrize("dtype, offset", ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 1)), ids=str)

@@ -10,7 +10,8 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from tests.helpers.kernel_cases import cases, compare, near_tie_case  # noqa: E402
+from tests.helpers.kernel_cases import (cases, compare, compare_expert_amax, expert_weight_case,  # noqa: E402
+                                        near_tie_case)
 from titan_fp4six.quant import tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
@@ -56,6 +57,13 @@ def main() -> int:
             mismatches += 1
             print("MISMATCH multi-chunk near ties", block, err_mode, bound, bad)
     kq.MIN_PROGRAMS = floor
+    # Expert weights: one amax per expert's run of rows, read as a scalar per 16x16 tile row.
+    for rows_per_expert in (16, 32):
+        configs += 1
+        bad = compare_expert_amax(kq, *expert_weight_case(rows_per_expert), "mse", 256)
+        if bad:
+            mismatches += 1
+            print("MISMATCH expert amax", rows_per_expert, bad)
     # Rows that are 4- but not 16-byte aligned: the kernels' word-at-a-time path instead of vector accesses.
     for dtype, offset in ((torch.bfloat16, 2), (torch.float32, 1)):
         full = torch.randn(16, 64 + 2 * offset).to(dtype)

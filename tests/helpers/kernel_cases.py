@@ -138,6 +138,33 @@ def compare(kq, x, amax, block, err_mode, scale_bound):
     return bad
 
 
+def expert_weight_case(rows_per_expert, cols=48, scales=(1.0, 0.0, 1e-3, 30.0), seed=0):
+    """(x, amax): expert weights (E * N, K) in bf16, E = len(scales) experts of very different magnitudes (a
+    zero one among them), and their amaxes (E,), one per expert's run of N rows, as the grouped forward quantizes
+    them (the 16x16 kernels read one amax per tile row)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(scales) * rows_per_expert, cols, generator=gen)
+    x = (x * torch.tensor(scales).repeat_interleave(rows_per_expert)[:, None]).to(torch.bfloat16)
+    return x, x.view(len(scales), -1).abs().amax(dim=1).float()
+
+
+def compare_expert_amax(kq, x, amax, err_mode, scale_bound):
+    """Outputs where `kq`'s 16x16 quantize (with and without the decode) of x with one amax per expert's run of
+    rows differs from the reference given each row's amax ([]: bitwise equal)."""
+    from titan_fp4six.numerics import reference
+    from titan_fp4six.numerics.spec import four_over_six_spec
+
+    rc, rs, rm = reference.four_over_six_reference(x, amax.repeat_interleave(x.shape[0] // amax.numel()), "16x16",
+                                                   err_mode, scale_bound)
+    spec = four_over_six_spec("16x16", err_mode, scale_bound, True)
+    bad = []
+    for decode in (False, True):
+        c, sc, m, _ = kq.quantize(x, amax, spec, decode)
+        bad += [f"{name} (decode={decode})" for name, got, want in
+                (("codes", c, rc), ("scales", _bits(sc), _bits(rs)), ("map4", m, rm)) if not torch.equal(got, want)]
+    return bad
+
+
 def near_tie_case(block, err_mode, scale_bound, count=128, steps=28, seed=0):
     """(x, amax) in FP32 whose blocks (1x16) or tiles (16x16) have nearly tied candidate errors, at every distance
     from ~1e-1 down to a few ulps: each is a mix t * a + (1 - t) * b of a block that map-to-4 wins and one that
