@@ -121,6 +121,9 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
         weights = (cache or ExpertWeightCache()).quantized(experts, operands)
         recipe = rollout_recipe(experts.recipe)
         gemm = [functools.partial(_quantized_grouped_product, w, recipe) for w in weights]
+        # w1 and w3 read the same rows: their quantization once, for both (as the training forward does)
+        rows_decoded = _decoded_rows(rows, counts, recipe)
+        gemm[0], gemm[2] = (functools.partial(g, decoded=rows_decoded) for g in (gemm[0], gemm[2]))
     else:
         gemm = [None] * 3
     h = consistent.silu(consistent.grouped_mm(rows, w1, counts, gemm[0])) * consistent.grouped_mm(
@@ -133,13 +136,20 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
     return result
 
 
+def _decoded_rows(x: Tensor, counts: list[int], recipe: FourOverSixRecipe) -> tuple[Tensor, Tensor]:
+    """decode_grouped_activations of x's rows grouped by counts: x quantized as the grouped op does (per row when
+    row-scaled; per expert group, then batch-dependent)."""
+    offs = torch.cumsum(torch.tensor(counts, device=x.device), 0, dtype=torch.int32)
+    with torch.no_grad():  # as inside the invariant GEMM's forward: the quantization records no graph
+        return decode_grouped_activations(x, offs, recipe=recipe)
+
+
 def _quantized_grouped_product(weight: QuantizedWeight, recipe: FourOverSixRecipe, x: Tensor, w: Tensor,
-                               counts: list[int]) -> Tensor:
-    """The experts' 4/6 product for the invariant grouped GEMM: x quantized as the grouped op does (per row when
-    row-scaled; per expert group, then batch-dependent), times the weights' decode, then both global factors."""
+                               counts: list[int], decoded: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """The experts' 4/6 product for the invariant grouped GEMM: x's decode (_decoded_rows; `decoded` where the
+    caller made it for several weights) times the weights' decode, then both global factors."""
     sizes = torch.tensor(counts, device=x.device)
-    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
-    dec, factor = decode_grouped_activations(x, offs, recipe=recipe)
+    dec, factor = decoded or _decoded_rows(x, counts, recipe)
     w_dec = weight.decoded.view(len(counts), -1, x.shape[1])
     w_factor = global_decode_factor(weight.amax, recipe.scale_bound)
     owner = torch.repeat_interleave(torch.arange(len(counts), device=x.device), sizes, output_size=x.shape[0])
