@@ -597,13 +597,18 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     expert_amax = x.view(LAYOUT_EXPERTS, -1).abs().amax(dim=1).float()  # x's rows as 64 experts' weights
     groups = RowGroups(group_of_row, LAYOUT_EXPERTS, amax_by_group=True)
     blocks = TokenBlocks.of(offs, m)
-    # x's rows dealt to the experts at random and each group padded with zero rows, as the experts module hands
-    # them to the grouped op: every group's last blocks hold a few tokens and zeros
-    dealt = torch.randint(0, LAYOUT_EXPERTS, (m, ), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    routed, sizes, _ = pad_token_groups(x, torch.bincount(dealt, minlength=LAYOUT_EXPERTS), GROUP_ALIGN)
-    routed_offs = torch.cumsum(sizes, 0).to(torch.int32)
-    routed_amax = run_token_groups(routed, routed_offs, False, "reference")[0]
-    routed_blocks = TokenBlocks.of(routed_offs, routed.shape[0])
+    def routed(weights):
+        """x's rows dealt to the experts by `weights` (one per expert) and each group padded with zero rows, as
+        the experts module hands them to the grouped op (every group's last blocks hold a few tokens and zeros):
+        (the padded rows, their token blocks, each group's amax)."""
+        dealt = torch.multinomial(weights, m, replacement=True, generator=torch.Generator("cuda").manual_seed(0))
+        padded, sizes, _ = pad_token_groups(x, torch.bincount(dealt, minlength=weights.numel()), GROUP_ALIGN)
+        ends = torch.cumsum(sizes, 0).to(torch.int32)
+        return padded, TokenBlocks.of(ends, padded.shape[0]), run_token_groups(padded, ends, False, "reference")[0]
+
+    even = routed(torch.ones(LAYOUT_EXPERTS, device="cuda"))
+    # 128 experts of Zipf-skewed loads, as an untrained router deals them: many groups of a few tokens
+    skewed = routed(1 / torch.arange(1, 2 * LAYOUT_EXPERTS + 1, device="cuda", dtype=torch.float32))
     full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
     recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
     def rows(spec, d):
@@ -621,7 +626,9 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
         "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
             x, blocks, group_amax, spec, d)),
         "token blocks, routed groups padded with zero rows": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
-            routed, routed_blocks, routed_amax, spec, d)),
+            *even, spec, d)),
+        "token blocks, 128 routed groups of skewed sizes, padded": (
+            "x_t", True, lambda spec, d: kq.quantize_token_blocks(*skewed, spec, d)),
     }
     specs = {(name, which): getattr(recipes[which].plan(grouped), role)
              for name, (role, grouped, _) in layouts.items() for which in recipes}
