@@ -243,7 +243,7 @@ class _GroupedSaved(NamedTuple):
                      for name in cls._fields))
 
 
-_LIST_FIELDS = ("B_ts", "w_codes", "w_scales", "w_decoded", "w_amax")
+_LIST_FIELDS = tuple(name for name, kind in _GroupedSaved.__annotations__.items() if kind is list)  # one per GEMM
 
 
 class _GroupedFunction(torch.autograd.Function):

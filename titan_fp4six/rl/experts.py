@@ -120,10 +120,10 @@ def consistent_moe(moe, x: Tensor, cache: ExpertWeightCache | None) -> Tensor:
         operands = [local_weight(getattr(experts, n), n, experts=True).float() for n in WEIGHT_NAMES]
         weights = (cache or ExpertWeightCache()).quantized(experts, operands)
         recipe = rollout_recipe(experts.recipe)
-        gemm = [functools.partial(_quantized_grouped_product, w, recipe) for w in weights]
         # w1 and w3 read the same rows: their quantization once, for both (as the training forward does)
         rows_decoded = _decoded_rows(rows, counts, recipe)
-        gemm[0], gemm[2] = (functools.partial(g, decoded=rows_decoded) for g in (gemm[0], gemm[2]))
+        gemm = [functools.partial(_quantized_grouped_product, w, recipe, decoded=d)
+                for w, d in zip(weights, (rows_decoded, None, rows_decoded))]
     else:
         gemm = [None] * 3
     h = consistent.silu(consistent.grouped_mm(rows, w1, counts, gemm[0])) * consistent.grouped_mm(
