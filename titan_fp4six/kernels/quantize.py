@@ -170,9 +170,11 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
     The integer arguments are not specialized on their values (Triton would otherwise compile a variant per
     divisibility pattern of the shape), and each row's amax is read by load_row_amax (per tensor, per row, per
     run of rows such as an expert's, or per token group with GROUPS / BY_GROUP), so one compiled kernel serves
-    every shape and the per-tensor and per-row modes; except 16x16 with one amax per tensor, which reads it as a
-    scalar (SCALAR_AMAX): a tile column's scales are then computed once per thread, not once for each row it
-    holds (0.168 -> 0.151 ms on an H200; 1x16 gains nothing from it and measured 2% slower). SIX_B = 6B stays
+    every shape and the per-tensor and per-row modes; except 16x16 without row groups, whose amax is one per
+    tile (per tensor, per expert, or per row and equal over each tile, as check_amax requires): a program is one
+    tile row, so it reads the tile's amax as a scalar (SCALAR_AMAX) and a tile column's scales are computed once
+    per thread, not once for each row it holds (0.168 -> 0.151 ms on an H200 per tensor; 1x16 gains nothing from
+    it and measured 2% slower). SIX_B = 6B stays
     a constant: the divisions by it then share one reciprocal seed.
 
     TRANSPOSED (1x16 and NVFP4) quantizes x^T of a row-major x (M, K) in place: output row k is x's column k,
@@ -228,8 +230,8 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
     # Step 1: global encode / decode scales, per tensor or per row; they broadcast over blocks (per block with
     # TOKEN_BLOCKS: in the chunk loop).
     if not TOKEN_BLOCKS:
-        if SCALAR_AMAX:
-            amax = tl.load(amax_ptr)
+        if SCALAR_AMAX:  # one 16x16 tile row per program (BR = 16), one amax per tile: the first row's
+            amax = tl.load(amax_ptr + tl.program_id(0) * BR // amax_div)
             data = rows < R
         else:
             amax, data = load_row_amax(amax_ptr, group_ptr, rows, R, amax_div, n_groups, GROUPS, BY_GROUP)
@@ -554,7 +556,8 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
             seed=seed if flags.stochastic else 0, KIND=_INPUT_KIND[x.dtype], FOUR_SIX=flags.four_six,
             TILE16=flags.tile16, MSE=flags.mse, SIX_B=flags.six_b, R6B=flags.r6b, WRITE_DEC=decode,
             VEC=_vector_loads(x, transposed, row_words, launch), PTX=x.is_cuda,
-            SCALAR_AMAX=flags.four_six and flags.tile16 and amax.dim() == 0, BR=launch.rows, NB=launch.blocks,
+            SCALAR_AMAX=flags.four_six and flags.tile16 and not layout.groups and token_blocks is None,
+            BR=launch.rows, NB=launch.blocks,
             TRANSPOSED=transposed, MAP6_ONLY=flags.map6_only, CHECK_AMAX=check_amax, GROUPS=layout.groups,
             BY_GROUP=layout.by_group, MAP4=map4_mode, STOCHASTIC=flags.stochastic,
             TOKEN_BLOCKS=token_blocks is not None),
