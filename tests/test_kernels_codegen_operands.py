@@ -163,7 +163,7 @@ def test_token_groups_vectorizes_rows(per_row):
     constexprs = dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, EP=8, PER_ROW=per_row)
     ptx = _compile(ka._token_groups_kernel, signature, constexprs, 4, divisible=("x_ptr", "C", "stride"))
     assert _accesses(ptx, "ld")[".v4"] > 0
-    assert ("atom" in ptx) != per_row
+    assert bool(re.search(r"\b(atom|red)\.", ptx)) != per_row
 
 
 @pytest.mark.parametrize("kind, four_six, stochastic", ((1, True, False), (1, False, True), (0, False, False)))
@@ -196,3 +196,28 @@ def test_columnwise_vector_loads_only_where_aligned():
     assert not vec(torch.zeros(40 * 64 + 1, dtype=torch.bfloat16)[1:].view(40, 64))  # 2 bytes off alignment
     assert not vec(torch.zeros(40, 64, dtype=torch.bfloat16), Launch(4, 8, 8, 1))  # 4 columns per program
     assert all(vec(torch.zeros(40, 64, dtype=torch.bfloat16), launch) for launch in COLUMN_LAUNCH.values())
+
+
+def test_atomics_are_relaxed_reductions():
+    """The amax kernels' and the RHT's atomic maxima are relaxed reductions, `red` with no result, as the
+    quantizer's map-to-4 count is (test_kernels_codegen.py): Triton's default acq_rel atomic holds each program
+    until its own stores are visible."""
+    from titan_fp4six.kernels import amax as ka
+    from titan_fp4six.kernels import hadamard as kh
+
+    ptxs = {
+        "tensor amax": _compile(ka._tensor_amax_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "out_ptr": "*i32",
+                                                         "n": "i32", "m": "i32", "x_programs": "i32"},
+                                dict(BLOCK=ka.TENSOR_BLOCK), 4),
+        "token groups": _compile(ka._token_groups_kernel, {"x_ptr": "*bf16", "offs_ptr": "*i32", "group_ptr": "*i64",
+                                                           "empty_ptr": "*i1", "out_ptr": "*i32", "R": "i32",
+                                                           "C": "i32", "stride": "i32", "E": "i32"},
+                                 dict(BR=ka.ROW_BLOCK_ROWS, BC=ka.ROW_BLOCK_COLS, EP=8, PER_ROW=False), 4),
+        "RHT amax": _compile(kh._rht16_columns_kernel, {"x_ptr": "*i16", "blocks_ptr": "*i32", "out_ptr": "*i16",
+                                                        "amax_ptr": "*i32", "M": "i32", "K": "i32", "stride": "i32",
+                                                        "NBLK": "i32", "E": "i32"},
+                             dict(KIND=1, NEG=kh._NEG_MASK, BK=kh.BLOCK_K, TOKEN_BLOCKS=True, AMAX=True), 4),
+    }
+    for name, ptx in ptxs.items():
+        ops = re.findall(r"\b(?:atom|red)\.[\w.]+", ptx)
+        assert ops and all(op.startswith("red.") and ".relaxed." in op for op in ops), (name, sorted(set(ops)))

@@ -29,11 +29,11 @@ def _tensor_amax_kernel(x_ptr, y_ptr, out_ptr, n, m, x_programs, BLOCK: tl.const
     if pid < x_programs:
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         bits = _abs_bits(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
-        tl.atomic_max(out_ptr, tl.max(bits, 0))
+        tl.atomic_max(out_ptr, tl.max(bits, 0), sem="relaxed")
     else:
         offs = (pid - x_programs).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         bits = _abs_bits(tl.load(y_ptr + offs, mask=offs < m, other=0.0))
-        tl.atomic_max(out_ptr + 1, tl.max(bits, 0))
+        tl.atomic_max(out_ptr + 1, tl.max(bits, 0), sem="relaxed")
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def _token_groups_kernel(x_ptr, offs_ptr, group_ptr, empty_ptr, out_ptr, R, C, s
     if PER_ROW:
         tl.store(out_ptr + rows, tl.where(group < E, acc, 0), mask=rows < R)
     else:
-        tl.atomic_max(out_ptr + group, acc, mask=(rows < R) & (group < E))
+        tl.atomic_max(out_ptr + group, acc, mask=(rows < R) & (group < E), sem="relaxed")
 
 
 _TENSOR_AMAX = FastLaunch(_tensor_amax_kernel)

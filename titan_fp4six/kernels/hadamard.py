@@ -63,7 +63,7 @@ def _atomic_max_bits(ptr, bits, mask):
     value only grows, so a read that covers `bits` proves the final one does (most programs then skip the
     atomic, which all programs of a per-tensor amax would otherwise queue on one address)."""
     seen = tl.load(ptr, mask=mask, other=0)
-    tl.atomic_max(ptr, bits, mask=mask & (bits > seen))
+    tl.atomic_max(ptr, bits, mask=mask & (bits > seen), sem="relaxed")
 
 
 @triton.jit

@@ -86,6 +86,9 @@ _NEGATIVE_AMAX = tl.constexpr(NEGATIVE_AMAX_MSG)
 _SMALL_AMAX = tl.constexpr(SMALL_AMAX_MSG)
 _COUNT_ROWS = tl.constexpr(MAP4_COUNT_ROWS)
 _COUNT_WIDTH = tl.constexpr(MAP4_COUNT_WIDTH)
+_COUNT_SHIFT = tl.constexpr(1 << 16)  # a program's map-to-4 count above its block count, in one int32
+assert all(launch.most_chunks <= 8 and launch.rows * launch.blocks * launch.most_chunks < 1 << 15
+           for launch in LAUNCH.values())
 
 
 @triton.jit
@@ -96,6 +99,14 @@ def _assert_amax_covers(bamax, amax, ok):
     amax = tl.broadcast_to(amax, ok.shape)  # a tensor even from a scalar amax, as for row_fast
     tl.device_assert(~ok | ~(amax < 0.0), _NEGATIVE_AMAX)
     tl.device_assert(~ok | ~(bamax > amax), _SMALL_AMAX)
+
+
+@triton.jit
+def _popcount8(bits):
+    """Set bits among the low 8 (a program's chunks: Launch.most_chunks <= 8)."""
+    bits = (bits & 0x55) + ((bits >> 1) & 0x55)
+    bits = (bits & 0x33) + ((bits >> 2) & 0x33)
+    return (bits & 0x0F) + ((bits >> 4) & 0x0F)
 
 
 @triton.jit
@@ -253,9 +264,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
         else:
             unsettled = tl.where(_stochastic_settled(amax, s_dec), 0.0, float("nan")) + tl.zeros(deferred.shape,
                                                                                                   tl.float32)
-    if MAP4 == 2:  # per thread: map-to-4 blocks and blocks counted, and bit c: chunk c's fast path chose map-to-4
-        hits = deferred
-        blocks = deferred
+    if MAP4 == 2:  # per thread, bit c: chunk c's block is counted and chose map-to-4 (popcounted after the loop)
         picked = deferred
     if TRANSPOSED:
         tile_next = load_column_tile(x_ptr, _block_where(rows64, first, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS),
@@ -316,10 +325,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                 settled = pick == pick
             deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
             if MAP4 == 2:
-                counted = ok & data
-                hits += tl.where(counted & pick, 1, 0)
-                blocks += tl.where(counted, 1, 0)
-                picked = picked | (tl.where(counted & pick, 1, 0) << chunk)
+                picked = picked | (tl.where(ok & data & pick, 1, 0) << chunk)
             sf = e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
             if WRITE_DEC:
@@ -416,13 +422,17 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                                                                 KIND, MSE, TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                         store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
                                      pick, dec, MAP4 == 1, TILE16, WRITE_DEC)
-                        if MAP4 == 2:  # the exact choice replaces the fast path's count for the chunk
-                            hits += tl.where(ok & data & pick, 1, 0) - ((picked >> chunk) & 1)
-        if MAP4 == 2:
+                        if MAP4 == 2:  # the exact choice replaces the fast path's for the chunk
+                            picked = (picked & ~(1 << chunk)) | (tl.where(ok & data & pick, 1, 0) << chunk)
+        if MAP4 == 2:  # one reduction of (map-to-4 blocks << 16) + blocks: a program counts < 2^15 blocks
+            blocks = tl.minimum(tl.cdiv(tl.maximum(NBLK - first, 0), NB), CHUNKS)  # the thread's chunks in range
+            counts = tl.sum(_popcount8(picked) * _COUNT_SHIFT + tl.where(data & (rows < R), blocks, 0))
             slot = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) % _COUNT_ROWS
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
-            tl.atomic_add(counts_ptr, tl.sum(hits.to(tl.int64)))
-            tl.atomic_add(counts_ptr + 1, tl.sum(blocks.to(tl.int64)))
+            # relaxed: the default acq_rel fence would hold each program until its stores are visible; the counts
+            # are read after the kernel, which orders them
+            tl.atomic_add(counts_ptr, (counts // _COUNT_SHIFT).to(tl.int64), sem="relaxed")
+            tl.atomic_add(counts_ptr + 1, (counts % _COUNT_SHIFT).to(tl.int64), sem="relaxed")
 
 
 @triton.jit
