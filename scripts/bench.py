@@ -577,6 +577,9 @@ def prologue_budget(rep_ms, rounds) -> tuple[str, str]:
 # quantization of the same operand (its twin: map-to-6 only, scale bound 448, the same block and kernel), both with
 # the bf16 decode the emulated GEMMs read on Hopper, or without it (the Blackwell path's operands).
 LAYOUT_EXPERTS = 64  # equal token groups of the grouped layouts
+# The kernel benchmark's two large shapes, and routed tokens x Qwen3-30B-A3B's expert width: rows of 48 blocks,
+# where a program's fixed work weighs more (the 4/6 choice has more of it)
+LAYOUT_SHAPES = ((16384, 7168), (8192, 5120), (65536, 768))
 
 
 def layout_kernels(m, k, rep_ms, rounds) -> dict:
@@ -588,6 +591,7 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     from titan_fp4six.modules.experts import GROUP_ALIGN, pad_token_groups
     from titan_fp4six.numerics.groups import RowGroups, TokenBlocks
     from titan_fp4six.quant.amax import run_token_groups
+    from titan_fp4six.quant.process_state import map4_count_buffer
     from titan_fp4six.quant.recipe import plain_nvfp4
 
     x = _bf16_input(m, k)
@@ -609,6 +613,7 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     even = routed(torch.ones(LAYOUT_EXPERTS, device="cuda"))
     # 128 experts of Zipf-skewed loads, as an untrained router deals them: many groups of a few tokens
     skewed = routed(1 / torch.arange(1, 2 * LAYOUT_EXPERTS + 1, device="cuda", dtype=torch.float32))
+    counts = map4_count_buffer("cuda")  # the ops' running count (plain NVFP4 has no choice to count)
     full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
     recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
     def rows(spec, d):
@@ -621,6 +626,8 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
         "16x16 tiles (weights)": ("w", False, rows),
         "16x16 tiles, one amax per expert (expert weights)": ("w", False, lambda spec, d: kq.quantize(
             x, expert_amax, spec, d, map4=False)),
+        "the same, map-to-4 blocks counted (a logged step's)": ("w", False, lambda spec, d: kq.quantize(
+            x, expert_amax, spec, d, map4=counts)),
         "columns (dense x^T, wgrad)": ("x_t", False, lambda spec, d: kq.quantize_columnwise(x, amax, spec, d,
                                                                                            map4=False)),
         "token blocks (grouped x^T, wgrad)": ("x_t", True, lambda spec, d: kq.quantize_token_blocks(
@@ -693,7 +700,7 @@ def cmd_kernels(args):
         tables["prologue-operands"], tables["prologue-gemm"] = prologue_budget(args.rep_ms, args.rounds)
     if args.only == "layouts":
         tables["kernels-layouts"] = layouts_table(
-            {(m, k): layout_kernels(m, k, args.rep_ms, args.rounds) for m, k in KERNEL_SHAPES[:2]})
+            {(m, k): layout_kernels(m, k, args.rep_ms, args.rounds) for m, k in LAYOUT_SHAPES})
     if args.docs:
         for page, name in KERNELS_DOCS[args.only]:
             results_page.write_section(page, name, tables[name])
