@@ -613,7 +613,7 @@ def layout_kernels(m, k, rep_ms, rounds) -> dict:
     even = routed(torch.ones(LAYOUT_EXPERTS, device="cuda"))
     # 128 experts of Zipf-skewed loads, as an untrained router deals them: many groups of a few tokens
     skewed = routed(1 / torch.arange(1, 2 * LAYOUT_EXPERTS + 1, device="cuda", dtype=torch.float32))
-    counts = map4_count_buffer("cuda")  # the ops' running count (plain NVFP4 has no choice to count)
+    counts = map4_count_buffer("cuda")  # the ops' running count; the twin's map-to-6-only kernel counts too (zeros)
     full = FourOverSixRecipe(backward="quantized")  # the full recipe's x, W (16x16) and x^T specs; dy is NVFP4 in both
     recipes = {"fos": full, "nvfp4": plain_nvfp4(full)}
     def rows(spec, d):

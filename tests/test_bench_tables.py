@@ -118,11 +118,12 @@ def test_layouts_table_takes_each_layouts_worst_ratio():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_layout_kernels_time_each_layout_against_its_twin():
     out = bench.layout_kernels(1024, 512, 2, 1)
-    names = {name for name, _ in out}
-    assert {"rows, per-tensor amax (dense x)", "16x16 tiles, one amax per expert (expert weights)",
-            "the same, map-to-4 blocks counted (a logged step's)", "columns (dense x^T, wgrad)",
-            "token blocks, 128 routed groups of skewed sizes, padded"} <= names
-    assert len(out) == 2 * len(names) and all(r["fos"] > 0 and r["nvfp4"] > 0 for r in out.values())
+    assert set(out) == {(name, decode) for decode in (True, False) for name in (
+        "rows, per-tensor amax (dense x)", "rows, per-group amax (grouped x)", "16x16 tiles (weights)",
+        "16x16 tiles, one amax per expert (expert weights)", "the same, map-to-4 blocks counted (a logged step's)",
+        "columns (dense x^T, wgrad)", "token blocks (grouped x^T, wgrad)",
+        "token blocks, routed groups padded with zero rows", "token blocks, 128 routed groups of skewed sizes, padded")}
+    assert all(r["fos"] > 0 and r["nvfp4"] > 0 for r in out.values())
 
 
 def test_gemm_table():

@@ -32,6 +32,17 @@ def test_value_errors(x, amax, kw, match):
         four_over_six_quantize(x, amax, **kw)
 
 
+def test_compiled_quantize_checks_tile_uniform_amax():
+    """Under torch.compile the row amax of a 16x16 quantize is checked as a graph op (values cannot be read while
+    tracing): a per-row amax that varies within a tile fails at run time, a tile-uniform one passes."""
+    fn = torch.compile(lambda x, amax: four_over_six_quantize(x, amax, block="16x16").scales, backend="eager",
+                       fullgraph=True)
+    uniform = X.abs().amax(dim=1).view(2, 16).amax(dim=1).repeat_interleave(16)
+    assert torch.equal(fn(X, uniform), four_over_six_quantize(X, uniform, block="16x16").scales)
+    with pytest.raises(RuntimeError, match="equal over every 16-row tile"):
+        fn(X, uniform + torch.arange(32.0))
+
+
 @pytest.mark.parametrize("x,amax,match", [
     (X.to(torch.float64), A, "x.dtype=torch.float64"),
     (X.to(torch.int32), A, "x.dtype=torch.int32"),

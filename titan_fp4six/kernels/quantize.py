@@ -88,7 +88,7 @@ _COUNT_ROWS = tl.constexpr(MAP4_COUNT_ROWS)
 _COUNT_WIDTH = tl.constexpr(MAP4_COUNT_WIDTH)
 _COUNT_SHIFT = tl.constexpr(1 << 16)  # a program's map-to-4 count above its block count, in one int32
 assert all(launch.most_chunks <= 8 and launch.rows * launch.blocks * launch.most_chunks < 1 << 15
-           for launch in LAUNCH.values())
+           for launch in (*LAUNCH.values(), *COLUMN_LAUNCH.values()))
 
 
 @triton.jit

@@ -67,7 +67,7 @@ def check_amax(amax: torch.Tensor, x: torch.Tensor, block: str, read_values: boo
         raise ValueError(
             f"amax has shape {tuple(amax.shape)}; valid: () for per-tensor or ({rows},) for one amax per row")
     if block == "16x16" and rows and read_values:
-        _check_tile_uniform(amax)
+        check_tile_uniform(amax)
 
 
 _TILE_UNIFORM_MSG = ("row-scaled amax with block='16x16' must be equal over every 16-row tile (e.g. one amax per "
@@ -79,14 +79,15 @@ def check_rows_for_block(x: torch.Tensor, block: str) -> None:
         raise ValueError(f"block='16x16' needs rows that are a multiple of {BLOCK_SIZE}, got {x.shape[0]} rows")
 
 
-def _check_tile_uniform(amax: torch.Tensor) -> None:
-    """Raise unless amax is bitwise constant over each 16-row tile (a NaN tile counts as uniform).
+def check_tile_uniform(amax: torch.Tensor) -> None:
+    """Raise unless a row amax (R,) is bitwise constant over each 16-row tile (a NaN tile counts as uniform): the
+    16x16 kernels read a tile row's first amax for the whole tile.
 
-    On CUDA the check is an asynchronous device assert: a host-side check would synchronize on every grouped
-    forward with 16x16 expert weights."""
+    On CUDA, and while torch.compile traces, an asynchronous device assert: a host-side check would synchronize
+    on every grouped forward with 16x16 expert weights, and a Python branch on a value would break the graph."""
     bits = amax.view(torch.int32).view(-1, BLOCK_SIZE)
     uniform = (bits == bits[:, :1]).all()
-    if amax.is_cuda:
+    if amax.is_cuda or torch.compiler.is_compiling():
         torch._assert_async(uniform, _TILE_UNIFORM_MSG)
     elif not uniform:
         raise ValueError(_TILE_UNIFORM_MSG)

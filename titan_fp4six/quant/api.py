@@ -10,7 +10,7 @@ import torch
 
 from ..numerics.formats import BLOCK_SIZE, STANDARD_BOUND
 from ..numerics.validation import (SCALE_BOUNDS, check_amax_covers, check_choice, check_codes,
-                                   check_quantize_args)
+                                   check_quantize_args, check_tile_uniform)
 from . import amax as _amax
 from . import library
 from .backends import QUANTIZERS
@@ -46,6 +46,8 @@ def _check(x, amax, block, err_mode, scale_bound, quantizer, validate_amax, choo
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     check_quantize_args(x, amax, block, err_mode, scale_bound, read_values=not tracing)
+    if tracing and block == "16x16" and amax.dim() == 1 and x.shape[0]:  # the checks that read values, as graph ops
+        check_tile_uniform(amax)
     if tracing and validate_amax:
         check_amax_covers(x, amax)
     return validate_amax and not tracing
