@@ -426,7 +426,7 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                             picked = (picked & ~(1 << chunk)) | (tl.where(ok & data & pick, 1, 0) << chunk)
         if MAP4 == 2:  # one reduction of (map-to-4 blocks << 16) + blocks: a program counts < 2^15 blocks
             blocks = tl.minimum(tl.cdiv(tl.maximum(NBLK - first, 0), NB), CHUNKS)  # the thread's chunks in range
-            counts = tl.sum(_popcount8(picked) * _COUNT_SHIFT + tl.where(data & (rows < R), blocks, 0))
+            counts = tl.sum(_popcount8(picked) * _COUNT_SHIFT + tl.where(data, blocks, 0))  # data: rows < R too
             slot = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) % _COUNT_ROWS
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
             # relaxed: the default acq_rel fence would hold each program until its stores are visible; the counts
