@@ -577,11 +577,12 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
 
 
 def _row_launch(launch: Launch, nblk: int) -> Launch:
-    """A one-row launch (1x16, NVFP4: a warp on NB consecutive blocks of a row) for rows of nblk blocks, with NB
-    halved while NB does not divide nblk (down to 8), the warp then taking 32 / NB rows: no chunk runs part
-    empty and a program's fixed work serves more blocks (768 columns: 48 blocks as 3 chunks of 16 in 2 rows,
-    not a chunk of 32 and a half-empty one in 1). Blocks no such NB divides keep the launch."""
-    if launch.rows != 1:
+    """A one-row launch (1x16, NVFP4: a warp on NB consecutive blocks of a row) for short rows of nblk blocks
+    (fewer than most_chunks whole chunks, where a part-empty chunk is a large share), with NB halved while NB
+    does not divide nblk (down to 8), the warp then taking 32 / NB rows: no chunk runs part empty and a
+    program's fixed work serves more blocks (768 columns: 48 blocks as 3 chunks of 16 in 2 rows, not a chunk
+    of 32 and a half-empty one in 1). Other rows, and blocks no such NB divides, keep the launch."""
+    if launch.rows != 1 or nblk >= launch.blocks * launch.most_chunks:
         return launch
     blocks = launch.blocks
     while nblk % blocks and blocks > 8:
