@@ -14,7 +14,7 @@ from titan_fp4six.numerics.spec import four_over_six_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-SHAPES = [(1, 16), (7, 48), (16, 16), (33, 272), (48, 400), (64, 2064), (256, 4096)]
+SHAPES = [(1, 16), (7, 48), (16, 16), (33, 272), (48, 400), (64, 2064), (256, 4096), (9, 768), (5, 384)]
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 KNOBS = list(itertools.product(("mae", "mse"), (256, 448)))
 

@@ -24,6 +24,25 @@ def test_chunks_per_program_divide_the_row_and_fill_the_gpu():
             assert chunks == 1 or row_groups * (chunk_cols // chunks) >= MIN_PROGRAMS
 
 
+def test_short_rows_fill_the_warp_with_several_rows():
+    """A one-row launch whose chunk does not divide a short row's blocks takes halved chunks over more rows (no
+    chunk part empty), down to 8 blocks; long rows, rows that no such chunk divides, and tile launches keep
+    theirs."""
+    from titan_fp4six.kernels.quantize import LAUNCH, _row_launch
+
+    one_row = LAUNCH["1x16", True]
+    assert _row_launch(one_row, 448) == one_row  # 7168 columns: 14 whole chunks of 32
+    assert _row_launch(one_row, 48)[:2] == (2, 16)  # 768 columns: 3 chunks of 16 blocks in 2 rows
+    assert _row_launch(one_row, 24)[:2] == (4, 8)
+    assert _row_launch(one_row, 17) == one_row and _row_launch(one_row, 4) == one_row
+    assert _row_launch(one_row, 464) == one_row  # 7424 columns: 15 chunks, the last half empty, a small share
+    assert _row_launch(LAUNCH["16x16", True], 48) == LAUNCH["16x16", True]
+    for launch in LAUNCH.values():
+        for nblk in range(1, 300):
+            new = _row_launch(launch, nblk)
+            assert new.rows * new.blocks == launch.rows * launch.blocks and new[2:] == launch[2:]
+
+
 def test_generated_key_separates_what_triton_specializes_on():
     """The generated key (pure Python, CPU tensors): equal for arguments Triton compiles alike, different for
     each thing it specializes on, and a tensor subclass keyed like a tensor."""

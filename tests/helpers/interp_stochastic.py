@@ -82,6 +82,19 @@ def row_groups(report):
                and same_bytes(dec, reference.decode_block_scaled_reference(want_c, want_s)))
 
 
+def short_rows(report):
+    """Rows of 24 and 48 blocks, which the one-row launch runs as chunks of 8 and 16 blocks over 4 and 2 rows a
+    warp (kernels.quantize._row_launch): the bits stay those of each element's own index."""
+    for rows, cols in ((5, 384), (9, 768)):
+        x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(cols)).to(torch.bfloat16)
+        amax = x.float().abs().amax()
+        seed = 2 ** 40 + cols
+        want_c, want_s = reference.nvfp4_reference(x, amax, seed)
+        c, s, _, dec = kq.quantize(x, amax, NVFP4_STOCHASTIC, decode=True, seed=seed)
+        report(f"short rows/{rows}x{cols}", same_bytes(c, want_c) and same_bytes(s, want_s)
+               and same_bytes(dec, reference.decode_block_scaled_reference(want_c, want_s)))
+
+
 def rule(report):
     """The per-element rule at its thresholds (tests/helpers/stochastic_kernels.py)."""
     bad, total = rule_mismatches("cpu")
@@ -102,6 +115,7 @@ def main():
     rule(report)
     quantizer(report)
     row_groups(report)
+    short_rows(report)
     print(f"configs {configs} mismatches {mismatches}")
     raise SystemExit(1 if mismatches else 0)
 

@@ -12,7 +12,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from tests.helpers.kernel_cases import (cases, compare, compare_expert_amax, expert_weight_case,  # noqa: E402
                                         near_tie_case)
-from titan_fp4six.quant import tensor_amax  # noqa: E402
+from titan_fp4six.quant import row_amax, tensor_amax  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
 
 SHAPES = [(16, 32), (3, 48)]
@@ -64,6 +64,23 @@ def main() -> int:
         if bad:
             mismatches += 1
             print("MISMATCH expert amax", rows_per_expert, bad)
+    # Short rows: 24 and 48 blocks, which the one-row launches run as chunks of 8 and 16 blocks over 4 and 2 rows a
+    # warp (the last warp's rows partly past R), with a per-tensor and a per-row amax, in several chunks a program.
+    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
+    kq._chunks_per_program.cache_clear()  # cached under the floor in force when first asked
+    for rows, cols in ((5, 384), (9, 768)):
+        x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(cols)).to(torch.bfloat16)
+        launch = kq._row_launch(kq.LAUNCH["1x16", False], cols // 16)
+        assert launch.rows > 1 and kq._chunks_per_program(cols // 16 // launch.blocks, -(-rows // launch.rows),
+                                                          launch.most_chunks) > 1
+        for amax, err_mode in ((tensor_amax(x), "mse"), (row_amax(x), "mae")):
+            configs += 1
+            bad = compare(kq, x, amax, "1x16", err_mode, 448)  # B=448: plain NVFP4's kernel too
+            if bad:
+                mismatches += 1
+                print("MISMATCH short rows", rows, cols, tuple(amax.shape), bad)
+    kq.MIN_PROGRAMS = floor
+    kq._chunks_per_program.cache_clear()
     # Rows that are 4- but not 16-byte aligned: the kernels' word-at-a-time path instead of vector accesses.
     for dtype, offset in ((torch.bfloat16, 2), (torch.float32, 1)):
         full = torch.randn(16, 64 + 2 * offset).to(dtype)

@@ -201,6 +201,10 @@ def row_groups(gen):
         err_mode, bound = knobs[index % 2]
         yield f"row_groups/{label}/{err_mode}/{bound}", compare_row_groups(kq, kd, x, amax, groups, block, err_mode,
                                                                           bound)
+    # rows of 48 blocks, which the one-row launch runs 2 rows a warp (kernels.quantize._row_launch)
+    for label, x, amax, groups, block in row_groups_cases(gen, "cpu", rows=23, cols=768, dtypes=(torch.bfloat16, )):
+        if block == "1x16":
+            yield f"row_groups/short rows/{label}", compare_row_groups(kq, kd, x, amax, groups, block, "mse", 256)
     floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
     for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
         x, amax = near_tie_case(block, err_mode, bound, count=8)

@@ -535,7 +535,7 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
     else:
         rows, cols = x.shape
         row_words = x.stride(0) * x.element_size() // 4
-        launch = LAUNCH[flags.launch, decode]
+        launch = _row_launch(LAUNCH[flags.launch, decode], cols // 16)
     nblk = cols // 16
     codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nblk, dtype=torch.uint8, device=x.device)
@@ -574,6 +574,20 @@ def _launch(x, amax, spec, decode: bool, transposed: bool = False, check_amax: b
             num_warps=launch.warps, maxnreg=launch.max_registers, **COMPILE_OPTIONS,
             **(CHECK_OPTIONS if check_amax else {}))
     return codes, scales.view(torch.float8_e4m3fn), mask, dec
+
+
+def _row_launch(launch: Launch, nblk: int) -> Launch:
+    """A one-row launch (1x16, NVFP4: a warp on NB consecutive blocks of a row) for short rows of nblk blocks
+    (fewer than most_chunks whole chunks, where a part-empty chunk is a large share), with NB halved while NB
+    does not divide nblk (down to 8), the warp then taking 32 / NB rows: no chunk runs part empty and a
+    program's fixed work serves more blocks (768 columns: 48 blocks as 3 chunks of 16 in 2 rows, not a chunk
+    of 32 and a half-empty one in 1). Other rows, and blocks no such NB divides, keep the launch."""
+    if launch.rows != 1 or nblk >= launch.blocks * launch.most_chunks:
+        return launch
+    blocks = launch.blocks
+    while nblk % blocks and blocks > 8:
+        blocks //= 2
+    return launch if nblk % blocks else launch._replace(rows=launch.blocks // blocks, blocks=blocks)
 
 
 def _vector_loads(x, transposed: bool, row_words: int, launch: Launch) -> bool:
