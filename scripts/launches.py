@@ -1,0 +1,174 @@
+"""Every four-over-six quantize launch of a training run against its plain-NVFP4 twin on the same bytes (GPU).
+
+    python -m scripts.launches OUT RECIPE [--steps 8] [--rounds 2] [--docs] -- TRAINING_FLAGS
+
+Trains RECIPE for --steps in this process (`titan_fp4six.train`, metrics logged every step, so the forward's
+operands count their map-to-4 blocks as a logged step does) with the quantize kernel's launcher wrapped: each 4/6
+launch is followed by its twin (map-to-6 only, scale bound 448, the same layout and decode, no count) on the same
+input, each bracketed by CUDA events. So the ratios are in place, on training's own bytes and cache state, with no
+host sync added; training's bytes do not change (the twin writes its own outputs and draws no seed). Then the
+last launch of each layout is replayed on its captured input: as run, without the count, and as its twin (the
+least of --rounds medians). A profile pair cannot give these ratios per launch: its two runs route tokens
+differently, so a grouped op's launch of one grid is another layer's call in each run.
+
+Writes OUT/launches.md (both tables); --docs also writes them into docs/results/speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from scripts import results_page
+
+SPEED_PAGE = "speed.md"
+
+
+@dataclasses.dataclass
+class Timed:
+    """One 4/6 launch timed in place: its layout, its input's columns, the CUDA events around it and its twin."""
+    layout: str
+    cols: int
+    first: bool  # the layout's first launch (it may compile): left out of the ratios
+    events: tuple  # (4/6 start, 4/6 end, twin start, twin end)
+
+    def ms(self) -> tuple[float, float]:
+        a, b, c, d = self.events
+        return a.elapsed_time(b), c.elapsed_time(d)
+
+
+def layout_of(x, spec, transposed: bool, groups, map4, token_blocks) -> str:
+    """How a launch reads its operand, in the layouts benchmark's words (rows, 16x16 tiles, columns, token
+    blocks), and whether it counts map-to-4 blocks (a logged step's forward operands)."""
+    if token_blocks is not None:
+        name = "token blocks"
+    elif transposed:
+        name = "columns"
+    else:
+        name = "16x16 tiles" if spec.block == "16x16" else "rows"
+        name += ", per-group amax" if groups is not None else ""
+    return name + (", counted" if isinstance(map4, torch.Tensor) else "")
+
+
+def twin_of(spec):
+    """The plain NVFP4 full recipe's spec for the same operand (numerics.spec.OperandSpec): map-to-6 only,
+    scale bound 448, every other field kept."""
+    return dataclasses.replace(spec, candidates="6", scale_bound=448)
+
+
+def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:
+    """rows: (layout, columns, first launch, 4/6 ms, twin ms) per launch -> per layout and columns: launches,
+    the median and range of 4/6 / twin, and both kernels' total ms (first launches left out)."""
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for layout, cols, first, fos, twin in rows:
+        if not first:
+            groups.setdefault((layout, cols), []).append((fos, twin))
+    lines = ["| layout | columns | launches | 4/6 / NVFP4, median (range) | 4/6 ms | NVFP4 ms |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for (layout, cols), times in sorted(groups.items(), key=lambda kv: -sum(f - t for f, t in kv[1])):
+        ratios = [f / t for f, t in times]
+        lines.append(f"| {layout} | {cols} | {len(times)} | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-"
+                     f"{max(ratios):.2f}) | {sum(f for f, _ in times):.2f} | {sum(t for _, t in times):.2f} |")
+    return "\n".join(lines)
+
+
+def replay_table(rows: list[tuple[str, tuple[int, int], float, float, float]]) -> str:
+    """rows: (layout, shape, as run ms, uncounted ms, twin ms) -> the replay table with the ratios to the twin."""
+    lines = ["| layout | shape | as run ms | without the count ms | NVFP4 ms | as run / NVFP4 | uncounted / NVFP4 |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for layout, (m, k), run, uncounted, twin in rows:
+        lines.append(f"| {layout} | {m}x{k} | {run:.3f} | {uncounted:.3f} | {twin:.3f} | {run / twin:.2f}x | "
+                     f"{uncounted / twin:.2f}x |")
+    return "\n".join(lines)
+
+
+class Recorder:
+    """Wraps kernels.quantize._launch for one run: times each 4/6 launch and its twin in place, keeps the last
+    input of each (layout, columns) for the replay."""
+
+    def __init__(self, kq):
+        self.kq, self.launch = kq, kq._launch
+        self.timed: list[Timed] = []
+        self.captured: dict[tuple[str, int], dict] = {}
+
+    def __enter__(self):
+        self.kq._launch = self._wrapped
+        return self
+
+    def __exit__(self, *exc):
+        self.kq._launch = self.launch
+
+    def _wrapped(self, x, amax, spec, decode, transposed=False, check_amax=False, groups=None, map4=True, seed=None,
+                 token_blocks=None):
+        args = dict(x=x, amax=amax, spec=spec, decode=decode, transposed=transposed, check_amax=check_amax,
+                    groups=groups, map4=map4, seed=seed, token_blocks=token_blocks)
+        if not self.kq.spec_flags(spec).four_six:
+            return self.launch(**args)
+        layout = layout_of(x, spec, transposed, groups, map4, token_blocks)
+        key = (layout, x.shape[1])
+        events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(4))
+        events[0].record()
+        out = self.launch(**args)
+        events[1].record()
+        events[2].record()
+        self.launch(**{**args, "spec": twin_of(spec), "map4": False, "check_amax": False})
+        events[3].record()
+        self.timed.append(Timed(layout, x.shape[1], key not in self.captured, events))
+        self.captured[key] = {**args, "x": x.clone(), "amax": amax.clone(), "check_amax": False,
+                              "groups": None if groups is None else groups._replace(
+                                  group_of_row=groups.group_of_row.clone()),
+                              "token_blocks": None if token_blocks is None else token_blocks.clone()}
+        return out
+
+    def replay(self, rounds: int) -> list[tuple[str, tuple[int, int], float, float, float]]:
+        from scripts.bench import _least_of_rounds
+
+        fns = {}
+        for key, args in self.captured.items():
+            if isinstance(args["map4"], torch.Tensor):  # a count buffer of its own, allocated outside the timing
+                args["map4"] = torch.zeros_like(args["map4"])
+            fns[key, "run"] = lambda a=args: self.launch(**a)
+            fns[key, "uncounted"] = lambda a=args: self.launch(**{**a, "map4": False})
+            fns[key, "twin"] = lambda a=args: self.launch(**{**a, "spec": twin_of(a["spec"]), "map4": False})
+        t = _least_of_rounds(fns, 50.0, rounds)
+        return [(key[0], tuple(args["x"].shape), t[key, "run"], t[key, "uncounted"], t[key, "twin"])
+                for key, args in self.captured.items()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m scripts.launches", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path, help="folder for launches.md and the run's dump folder")
+    p.add_argument("recipe", help="a 4/6 TOML recipe")
+    p.add_argument("--steps", type=int, default=8, help="training steps")
+    p.add_argument("--rounds", type=int, default=2, help="replay rounds; each time is the least median")
+    p.add_argument("--docs", action="store_true", help=results_page.DOCS_HELP)
+    p.add_argument("train", nargs=argparse.REMAINDER, help="-- then the training's flags")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts.launches times the CUDA quantize kernels: it needs a CUDA device")
+    flags = args.train[1:] if args.train[:1] == ["--"] else args.train
+    from titan_fp4six.kernels import quantize as kq
+    from titan_fp4six.train import main as train
+
+    with Recorder(kq) as recorder:
+        train(["--job.config_file", args.recipe, *flags, "--training.steps", str(args.steps), "--metrics.log_freq",
+               "1", "--job.dump_folder", str(args.out / "run")])
+    torch.cuda.synchronize()
+    in_place = in_place_table([(t.layout, t.cols, t.first, *t.ms()) for t in recorder.timed])
+    replay = replay_table(recorder.replay(args.rounds))
+    text = f"{in_place}\n\nReplayed:\n\n{replay}\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "launches.md").write_text(text)
+    print(text)
+    if args.docs:
+        results_page.write_section(SPEED_PAGE, "choice-launches", text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
