@@ -4,11 +4,11 @@
 
 Trains RECIPE for --steps in this process (`titan_fp4six.train`, metrics logged every step, so the forward's
 operands count their map-to-4 blocks as a logged step does) with the quantize kernel's launcher wrapped: each 4/6
-launch is followed by its twin (map-to-6 only, scale bound 448, the same layout and decode, no count) on the same
-input, each bracketed by CUDA events. So the ratios are in place, on training's own bytes and cache state, with no
+launch is followed by its twin (map-to-6 only, scale bound 448, the same layout and decode, and counted where the
+4/6 launch is, as the plain recipe's kernel counts its zeros) on the same input, each bracketed by CUDA events. So the ratios are in place, on training's own bytes and cache state, with no
 host sync added; training's bytes do not change (the twin writes its own outputs and draws no seed). Then the
-last launch of each layout is replayed on its captured input: as run, without the count, and as its twin (the
-least of --rounds medians). A profile pair cannot give these ratios per launch: its two runs route tokens
+last launch of each layout is replayed on its captured input: as run, without the count, and as its twin, counted
+alike (the least of --rounds medians). A profile pair cannot give these ratios per launch: its two runs route tokens
 differently, so a grouped op's launch of one grid is another layer's call in each run.
 
 Writes OUT/launches.md (both tables); --docs also writes them into docs/results/speed.md.
@@ -79,7 +79,8 @@ def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:
 
 def replay_table(rows: list[tuple[str, tuple[int, int], float, float, float]]) -> str:
     """rows: (layout, shape, as run ms, uncounted ms, twin ms) -> the replay table with the ratios to the twin."""
-    lines = ["| layout | shape | as run ms | without the count ms | NVFP4 ms | as run / NVFP4 | uncounted / NVFP4 |",
+    lines = ["| layout | shape | as run ms | without the count ms | NVFP4 ms (counted alike) | as run / NVFP4 | "
+             "uncounted / NVFP4 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for layout, (m, k), run, uncounted, twin in rows:
         lines.append(f"| {layout} | {m}x{k} | {run:.3f} | {uncounted:.3f} | {twin:.3f} | {run / twin:.2f}x | "
@@ -95,6 +96,7 @@ class Recorder:
         self.kq, self.launch = kq, kq._launch
         self.timed: list[Timed] = []
         self.captured: dict[tuple[str, int], dict] = {}
+        self.twin_counts = None  # the twins' count buffer (never read: the plain kernel counts zeros)
 
     def __enter__(self):
         self.kq._launch = self._wrapped
@@ -115,8 +117,12 @@ class Recorder:
         events[0].record()
         out = self.launch(**args)
         events[1].record()
+        counted = isinstance(map4, torch.Tensor)
+        if counted and self.twin_counts is None:
+            self.twin_counts = torch.zeros_like(map4)
         events[2].record()
-        self.launch(**{**args, "spec": twin_of(spec), "map4": False, "check_amax": False})
+        self.launch(**{**args, "spec": twin_of(spec), "map4": self.twin_counts if counted else False,
+                       "check_amax": False})
         events[3].record()
         self.timed.append(Timed(layout, x.shape[1], key not in self.captured, events))
         self.captured[key] = {**args, "x": x.clone(), "amax": amax.clone(), "check_amax": False,
@@ -134,7 +140,7 @@ class Recorder:
                 args["map4"] = torch.zeros_like(args["map4"])
             fns[key, "run"] = lambda a=args: self.launch(**a)
             fns[key, "uncounted"] = lambda a=args: self.launch(**{**a, "map4": False})
-            fns[key, "twin"] = lambda a=args: self.launch(**{**a, "spec": twin_of(a["spec"]), "map4": False})
+            fns[key, "twin"] = lambda a=args: self.launch(**{**a, "spec": twin_of(a["spec"])})
         t = _least_of_rounds(fns, 50.0, rounds)
         return [(key[0], tuple(args["x"].shape), t[key, "run"], t[key, "uncounted"], t[key, "twin"])
                 for key, args in self.captured.items()]
