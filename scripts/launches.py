@@ -5,11 +5,12 @@
 Trains RECIPE for --steps in this process (`titan_fp4six.train`, metrics logged every step, so the forward's
 operands count their map-to-4 blocks as a logged step does) with the quantize kernel's launcher wrapped: each 4/6
 launch is followed by its twin (map-to-6 only, scale bound 448, the same layout and decode, and counted where the
-4/6 launch is, as the plain recipe's kernel counts its zeros) on the same input, each bracketed by CUDA events.
-So the ratios are in place, on training's own bytes and cache state, with no host sync added; training's bytes do not change (the twin writes its own outputs and draws no seed). Then the
-last launch of each layout is replayed on its captured input: as run, without the count, and as its twin, counted
-alike (the least of --rounds medians). A profile pair cannot give these ratios per launch: its two runs route tokens
-differently, so a grouped op's launch of one grid is another layer's call in each run.
+4/6 launch is, as the plain recipe's kernel counts its zeros) on the same input, each bracketed by CUDA events. So
+the ratios are in place, on training's own bytes and cache state, with no host sync added; training's bytes do not
+change (the twin writes its own outputs and draws no seed). Then the last launch of each layout is replayed on its
+captured input: as run, without the count, and as its twin, counted alike (the least of --rounds medians). A profile
+pair cannot give these ratios per launch: its two runs route tokens differently, so a grouped op's launch of one
+grid is another layer's call in each run.
 
 Writes OUT/launches.md (both tables); --docs also writes them into docs/results/speed.md.
 """
