@@ -46,6 +46,13 @@ def test_replay_table_gives_both_ratios():
     assert lines[2] == "| 16x16 tiles, counted | 98304x2048 | 0.466 | 0.406 | 0.396 | 1.18x | 1.03x |"
 
 
+def test_training_flags_follow_the_separator():
+    args, flags = launches.parse(["out", "r.toml", "--steps", "3", "--docs", "--", "--model.flavor", "X", "--", "y"])
+    assert (str(args.out), args.recipe, args.steps, args.rounds, args.docs) == ("out", "r.toml", 3, 2, True)
+    assert flags == ["--model.flavor", "X", "--", "y"]
+    assert launches.parse(["out", "r.toml"])[1] == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_needs_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="needs a CUDA device"):
