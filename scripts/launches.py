@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -181,7 +182,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, flags = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = f"python -m scripts.launches {shlex.join(argv)}"  # for --docs (training replaces sys.argv)
+    args, flags = parse(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts.launches times the CUDA quantize kernels: it needs a CUDA device")
     from titan_fp4six.kernels import quantize as kq
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "launches.md").write_text(text)
     print(text)
     if args.docs:
-        results_page.write_section(SPEED_PAGE, "choice-launches", text)
+        results_page.write_section(SPEED_PAGE, "choice-launches", text, command)
 
 
 if __name__ == "__main__":
