@@ -215,6 +215,21 @@ def row_groups(gen):
         got, want = process_state.map4_total(counts), reference.map4_counts(mask)
         ok = torch.equal(got, want) and 0 < want[0] < want[1]
         yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
+    # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program whose chunks run past the
+    # last block (5 blocks, 2 chunks of 4), and map-to-6 only (its plain twin: no map-to-4)
+    x = torch.randn(32, 80, generator=gen)
+    ints = torch.randint(-4, 5, (32, 80), generator=gen).float()  # map-to-4 represents them exactly: it wins
+    x = torch.where(torch.tensor([1, 0, 1, 0, 1]).repeat_interleave(16).bool(), ints, x)
+    x[16:, :16] = torch.randn(16, 16, generator=gen)  # one tile column choosing both ways
+    x = x.to(torch.bfloat16)
+    amax = tensor_amax(x).float()
+    for choose in (True, False):
+        mask = reference.four_over_six_reference(x, amax, "16x16", "mse", 256, choose=choose)[2]
+        counts = process_state.map4_count_buffer("cpu")
+        kq.quantize(x, amax, four_over_six_spec("16x16", "mse", 256, choose), map4=counts)
+        got, want = process_state.map4_total(counts), reference.map4_counts(mask)
+        ok = torch.equal(got, want) and want[1] == 32 * 5 and (0 < want[0] < want[1] if choose else want[0] == 0)
+        yield f"row_groups/tiles counted/choose={choose}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
     kq.MIN_PROGRAMS = floor
 
 

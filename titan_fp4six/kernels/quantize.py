@@ -264,8 +264,13 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
         else:
             unsettled = tl.where(_stochastic_settled(amax, s_dec), 0.0, float("nan")) + tl.zeros(deferred.shape,
                                                                                                   tl.float32)
-    if MAP4 == 2:  # per thread, bit c: chunk c's block is counted and chose map-to-4 (popcounted after the loop)
-        picked = deferred
+    # 16x16 with one amax per tile row (data = rows < R) counts tiles: each tile's choice holds for its rows
+    TILE_COUNT: tl.constexpr = MAP4 == 2 and TILE16 and SCALAR_AMAX
+    if MAP4 == 2:  # bit c: chunk c's block (TILE_COUNT: tile) is counted and chose map-to-4 (popcounted later)
+        if TILE_COUNT:  # one value per tile, in the tile errors' layout: no exchange between the tile's threads
+            picked = tl.zeros(lanes.shape, tl.int32)
+        else:
+            picked = deferred
     if TRANSPOSED:
         tile_next = load_column_tile(x_ptr, _block_where(rows64, first, row_words, M, blocks_ptr, NBLK, TOKEN_BLOCKS),
                                      (rows < R) & (first < NBLK), KIND, VEC)
@@ -318,13 +323,17 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
             if TILE16:
                 low6, high6 = tree_sum16(low6) * SLACK_DOWN, tree_sum16(high6) * SLACK_UP
                 low4, high4 = tree_sum16(low4) * SLACK_DOWN, tree_sum16(high4) * SLACK_UP
-            pick = tl.broadcast_to(high4 < low6, ok.shape)
+            tile_pick = high4 < low6  # 16x16: (blocks, 1), one per tile
+            pick = tl.broadcast_to(tile_pick, ok.shape)
             settled = pick | (low4 >= high6) | (s4 == s6)  # the same scale gives bitwise equal errors
             if MAP6_ONLY:  # no choice to settle: map-to-6 everywhere (only the fast setting defers)
+                tile_pick = tl.zeros(tile_pick.shape, tl.int1)
                 pick = tl.zeros(ok.shape, tl.int1)
                 settled = pick == pick
             deferred = deferred | (tl.where(fast & settled, 0, 1) << chunk)
-            if MAP4 == 2:
+            if TILE_COUNT:
+                picked = picked | (tl.where((blks < NBLK) & tile_pick, 1, 0) << chunk)
+            elif MAP4 == 2:
                 picked = picked | (tl.where(ok & data & pick, 1, 0) << chunk)
             sf = e4m3_byte(tl.where(pick, s4, s6))
             dec = ()
@@ -422,17 +431,27 @@ def _quantize_kernel(x_ptr, amax_ptr, group_ptr, blocks_ptr, codes_ptr, scales_p
                                                                 KIND, MSE, TILE16, WRITE_DEC, TRANSPOSED, MAP6_ONLY)
                         store_chunk(codes_ptr, scales_ptr, map4_ptr, dec_ptr, rows64, blks, NBLK, ok, sf, lo, hi,
                                      pick, dec, MAP4 == 1, TILE16, WRITE_DEC)
-                        if MAP4 == 2:  # the exact choice replaces the fast path's for the chunk
+                        if TILE_COUNT:  # the exact choice replaces the fast path's for the chunk
+                            tile_pick = tl.max(tl.where(pick, 1, 0), 1, keep_dims=True) != 0
+                            picked = (picked & ~(1 << chunk)) | (tl.where((blks < NBLK) & tile_pick, 1, 0) << chunk)
+                        elif MAP4 == 2:
                             picked = (picked & ~(1 << chunk)) | (tl.where(ok & data & pick, 1, 0) << chunk)
-        if MAP4 == 2:  # one reduction of (map-to-4 blocks << 16) + blocks: a program counts < 2^15 blocks
-            blocks = tl.minimum(tl.cdiv(tl.maximum(NBLK - first, 0), NB), CHUNKS)  # the thread's chunks in range
-            counts = tl.sum(_popcount8(picked) * _COUNT_SHIFT + tl.where(data, blocks, 0))  # data: rows < R too
+        if MAP4 == 2:
+            if TILE_COUNT:  # each counted tile's blocks: its rows below R
+                data_rows = tl.minimum(tl.maximum(R - tl.program_id(0) * BR, 0), BR)
+                in_range = tl.minimum(tl.maximum(NBLK - tl.program_id(1) * CHUNKS * NB, 0), CHUNKS * NB)
+                map4_blocks = tl.sum(_popcount8(picked)) * data_rows
+                blocks = in_range * data_rows
+            else:  # one reduction of (map-to-4 blocks << 16) + blocks: a program counts < 2^15 blocks
+                chunks_in_range = tl.minimum(tl.cdiv(tl.maximum(NBLK - first, 0), NB), CHUNKS)  # the thread's
+                counts = tl.sum(_popcount8(picked) * _COUNT_SHIFT + tl.where(data, chunks_in_range, 0))
+                map4_blocks, blocks = counts // _COUNT_SHIFT, counts % _COUNT_SHIFT
             slot = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) % _COUNT_ROWS
             counts_ptr = map4_ptr.to(tl.pointer_type(tl.int64)) + slot * _COUNT_WIDTH
             # relaxed: the default acq_rel fence would hold each program until its stores are visible; the counts
             # are read after the kernel, which orders them
-            tl.atomic_add(counts_ptr, (counts // _COUNT_SHIFT).to(tl.int64), sem="relaxed")
-            tl.atomic_add(counts_ptr + 1, (counts % _COUNT_SHIFT).to(tl.int64), sem="relaxed")
+            tl.atomic_add(counts_ptr, map4_blocks.to(tl.int64), sem="relaxed")
+            tl.atomic_add(counts_ptr + 1, blocks.to(tl.int64), sem="relaxed")
 
 
 @triton.jit
