@@ -7,8 +7,9 @@ operands count their map-to-4 blocks as a logged step does) with the quantize ke
 launch is followed by its twin (map-to-6 only, scale bound 448, the same layout and decode, and counted where the
 4/6 launch is, as the plain recipe's kernel counts its zeros) on the same input, each bracketed by CUDA events. So
 the ratios are in place, on training's own bytes and cache state, with no host sync added; training's bytes do not
-change (the twin writes its own outputs and draws no seed). Then the last launch of each layout is replayed on its
-captured input: as run, without the count, and as its twin, counted alike (the least of --rounds medians). A profile
+change (the twin writes its own outputs and draws no seed). Then the largest input of each layout and column count
+(after its first launch) is replayed: as run, without the count, and as its twin, counted alike (the least of
+--rounds medians). A profile
 pair cannot give these ratios per launch: its two runs route tokens differently, so a grouped op's launch of one
 grid is another layer's call in each run.
 
@@ -73,7 +74,7 @@ def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:
     for layout, cols, compiled, fos, twin in rows:
         if not compiled and twin > 0:
             groups.setdefault((layout, cols), []).append((fos, twin))
-    lines = ["| layout | columns | launches | 4/6 ms | NVFP4 ms | 4/6 / NVFP4 | per launch |",
+    lines = ["| layout | x's columns | launches | 4/6 ms | NVFP4 ms | 4/6 / NVFP4 | per launch |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for (layout, cols), times in sorted(groups.items(), key=lambda kv: -sum(f - t for f, t in kv[1])):
         ratios = [f / t for f, t in times]
@@ -95,8 +96,9 @@ def replay_table(rows: list[tuple[str, tuple[int, int], float, float, float]]) -
 
 
 class Recorder:
-    """Wraps kernels.quantize._launch for one run: times each 4/6 launch and its twin in place, keeps the last
-    input of each (layout, columns) for the replay."""
+    """Wraps kernels.quantize._launch for one run: times each 4/6 launch and its twin in place, keeps the largest
+    input of each (layout, columns) after its first launch for the replay (a column count's launches mix shapes:
+    the largest holds most of their time)."""
 
     def __init__(self, kq):
         self.kq, self.launch = kq, kq._launch
@@ -145,7 +147,8 @@ class Recorder:
         events[3].record()
         compiled = len(self.kq._QUANTIZE._compiled) > kernels  # Triton specializes on shapes: any launch may
         self.timed.append(Timed(layout, x.shape[1], compiled, events if n % 2 else events[2:] + events[:2]))
-        if n == 2:  # one input per layout for the replay: a launch after the first (its data past step 1)
+        kept = self.captured.get(key)
+        if n > 1 and (kept is None or x.numel() > kept["x"].numel()):  # after the first launch: data past step 1
             self.captured[key] = {**args, "x": x.detach().clone(), "amax": amax.clone(), "check_amax": False,
                                   "groups": None if groups is None else groups._replace(
                                       group_of_row=groups.group_of_row.clone()),

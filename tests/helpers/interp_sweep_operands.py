@@ -215,8 +215,10 @@ def row_groups(gen):
         got, want = process_state.map4_total(counts), reference.map4_counts(mask)
         ok = torch.equal(got, want) and 0 < want[0] < want[1]
         yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
-    # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program whose chunks run past the
-    # last block (5 blocks, 2 chunks of 4), and map-to-6 only (its plain twin: no map-to-4)
+    # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program of 2 chunks of 4 blocks whose
+    # second holds 1 block of the row's 5, and map-to-6 only (its plain twin: no map-to-4)
+    kq._chunks_per_program.cache_clear()  # cached under the floor in force when first asked
+    assert kq._chunks_per_program(2, 2, kq.LAUNCH["16x16", False].most_chunks) == 2
     x = torch.randn(32, 80, generator=gen)
     ints = torch.randint(-4, 5, (32, 80), generator=gen).float()  # map-to-4 represents them exactly: it wins
     x = torch.where(torch.tensor([1, 0, 1, 0, 1]).repeat_interleave(16).bool(), ints, x)
@@ -231,6 +233,7 @@ def row_groups(gen):
         ok = torch.equal(got, want) and want[1] == 32 * 5 and (0 < want[0] < want[1] if choose else want[0] == 0)
         yield f"row_groups/tiles counted/choose={choose}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
     kq.MIN_PROGRAMS = floor
+    kq._chunks_per_program.cache_clear()
 
 
 def main() -> int:
