@@ -65,8 +65,8 @@ def twin_of(spec):
 
 
 def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:
-    """rows: (layout, columns, compiled, 4/6 ms, twin ms) per launch -> per layout and columns: launches, both
-    kernels' total ms, their ratio and the range of the per-launch ratios (pairs that compiled left out).
+    """rows: (layout, columns, compiled, 4/6 ms, twin ms) per launch -> per layout and columns, then for all: launches,
+    both kernels' total ms, their ratio and the range of the per-launch ratios (pairs that compiled left out).
 
     The ratio is of the totals: the pair's order alternates, so each kernel runs second (maybe from L2) in half
     the pairs, and a per-launch median of such alternating ratios would pick one order's."""
@@ -81,6 +81,10 @@ def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:
         fos, twin = sum(f for f, _ in times), sum(t for _, t in times)
         lines.append(f"| {layout} | {cols} | {len(times)} | {fos:.2f} | {twin:.2f} | {fos / twin:.2f}x | "
                      f"{min(ratios):.2f}-{max(ratios):.2f}x |")
+    every = [pair for times in groups.values() for pair in times]
+    if every:
+        fos, twin = sum(f for f, _ in every), sum(t for _, t in every)
+        lines.append(f"| **all** | | {len(every)} | {fos:.2f} | {twin:.2f} | {fos / twin:.2f}x | |")
     return "\n".join(lines)
 
 

@@ -38,7 +38,8 @@ def test_in_place_table_leaves_out_compiling_pairs_and_sorts_by_extra_time():
     lines = launches.in_place_table(rows).splitlines()
     assert lines[2] == "| rows, counted | 768 | 3 | 0.40 | 0.30 | 1.33x | 1.20-1.50x |"
     assert lines[3] == "| token blocks | 2048 | 2 | 0.77 | 0.72 | 1.07x | 1.03-1.11x |"
-    assert len(lines) == 4
+    assert lines[4] == "| **all** | | 5 | 1.17 | 1.02 | 1.15x | |"
+    assert len(lines) == 5
 
 
 def test_replay_table_gives_both_ratios():
