@@ -660,16 +660,16 @@ def layouts_table(by_shape: dict) -> str:
     `kernels --only layouts`, with and without the decode, against LAYOUT_TARGET."""
     shapes = " / ".join(f"{m}x{k}" for m, k in by_shape)
     lines = [f"| layout (4/6 / plain NVFP4 kernel time at {shapes}) | with the decode (Hopper) | without "
-             f"(Blackwell) | target | met |", "| --- | --- | --- | --- | --- |"]
+             f"(Blackwell) | target | met with / without the decode |", "| --- | --- | --- | --- | --- |"]
     first = next(iter(by_shape.values()))
     for name in dict.fromkeys(n for n, _ in first):
-        cells, met = [], True
+        cells, met = [], []
         for d in (True, False):
             ratios = [r[(name, d)]["fos"] / r[(name, d)]["nvfp4"] for r in by_shape.values()]
-            met &= max(ratios) <= LAYOUT_TARGET
+            met.append("yes" if max(ratios) <= LAYOUT_TARGET else f"no ({max(ratios):.3f}x)")
             cells.append(" / ".join(f"{x:.2f}x" for x in ratios) + " (" + " / ".join(
                 f"{r[(name, d)]['fos']:.3f} vs {r[(name, d)]['nvfp4']:.3f} ms" for r in by_shape.values()) + ")")
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | <= {LAYOUT_TARGET:.2f}x | {'yes' if met else 'no'} |")
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | <= {LAYOUT_TARGET:.2f}x | {met[0]} / {met[1]} |")
     return "\n".join(lines)
 
 
