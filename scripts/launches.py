@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from scripts import results_page
+from titan_fp4six.quant.recipe import PLAIN_NVFP4
 
 SPEED_PAGE = "speed.md"
 _SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU spin ahead of each timed pair: far longer than the host takes to queue it
@@ -60,8 +61,8 @@ def layout_of(x, spec, transposed: bool, groups, map4, token_blocks) -> str:
 
 def twin_of(spec):
     """The plain NVFP4 full recipe's spec for the same operand (numerics.spec.OperandSpec): map-to-6 only,
-    scale bound 448, every other field kept."""
-    return dataclasses.replace(spec, candidates="6", scale_bound=448)
+    the scale bound of quant.recipe.PLAIN_NVFP4, every other field kept."""
+    return dataclasses.replace(spec, candidates="6", scale_bound=PLAIN_NVFP4["scale_bound"])
 
 
 def in_place_table(rows: list[tuple[str, int, bool, float, float]]) -> str:

@@ -20,7 +20,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from tests.helpers.kernel_cases import _data, amax_check_cases, near_tie_case  # noqa: E402
+from tests.helpers.kernel_cases import _data, amax_check_cases, few_programs, near_tie_case  # noqa: E402
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
                                          compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
                                          epilogue_cases, row_groups_cases, token_block_cases)
@@ -60,13 +60,12 @@ def columnwise(gen):
         bad = compare_columnwise(kq, x, amax, err_mode, bound, decode=index % 2 == 0, nvfp4=index % 3 == 0)
         yield f"columnwise/{m}x{k}/{kind}/{dtype}/{err_mode}/{bound}", bad
     # Near-tied candidate errors, several chunks per program (some redone exactly after the chunk loop).
-    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
-    for err_mode, bound, decode in (("mae", 448, True), ):
-        x, amax = near_tie_case("1x16", err_mode, bound, count=4)
-        x = x.t().contiguous()  # columnwise quantizes x^T: the near-tie blocks
-        yield f"columnwise/near ties/{err_mode}/{bound}", compare_columnwise(kq, x, amax, err_mode, bound, decode,
-                                                                            nvfp4=False)
-    kq.MIN_PROGRAMS = floor
+    with few_programs(kq):
+        for err_mode, bound, decode in (("mae", 448, True), ):
+            x, amax = near_tie_case("1x16", err_mode, bound, count=4)
+            x = x.t().contiguous()  # columnwise quantizes x^T: the near-tie blocks
+            yield f"columnwise/near ties/{err_mode}/{bound}", compare_columnwise(kq, x, amax, err_mode, bound, decode,
+                                                                                nvfp4=False)
 
 
 def decode(gen):
@@ -205,35 +204,32 @@ def row_groups(gen):
     for label, x, amax, groups, block in row_groups_cases(gen, "cpu", rows=23, cols=768, dtypes=(torch.bfloat16, )):
         if block == "1x16":
             yield f"row_groups/short rows/{label}", compare_row_groups(kq, kd, x, amax, groups, block, "mse", 256)
-    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
-    for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
-        x, amax = near_tie_case(block, err_mode, bound, count=8)
-        x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
-        mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
-        counts = process_state.map4_count_buffer("cpu")
-        kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), map4=counts)
-        got, want = process_state.map4_total(counts), reference.map4_counts(mask)
-        ok = torch.equal(got, want) and 0 < want[0] < want[1]
-        yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
-    # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program of 2 chunks of 4 blocks whose
-    # second holds 1 block of the row's 5, and map-to-6 only (its plain twin: no map-to-4)
-    kq._chunks_per_program.cache_clear()  # cached under the floor in force when first asked
-    assert kq._chunks_per_program(2, 2, kq.LAUNCH["16x16", False].most_chunks) == 2
-    x = torch.randn(32, 80, generator=gen)
-    ints = torch.randint(-4, 5, (32, 80), generator=gen).float()  # map-to-4 represents them exactly: it wins
-    x = torch.where(torch.tensor([1, 0, 1, 0, 1]).repeat_interleave(16).bool(), ints, x)
-    x[16:, :16] = torch.randn(16, 16, generator=gen)  # one tile column choosing both ways
-    x = x.to(torch.bfloat16)
-    amax = tensor_amax(x).float()
-    for choose in (True, False):
-        mask = reference.four_over_six_reference(x, amax, "16x16", "mse", 256, choose=choose)[2]
-        counts = process_state.map4_count_buffer("cpu")
-        kq.quantize(x, amax, four_over_six_spec("16x16", "mse", 256, choose), map4=counts)
-        got, want = process_state.map4_total(counts), reference.map4_counts(mask)
-        ok = torch.equal(got, want) and want[1] == 32 * 5 and (0 < want[0] < want[1] if choose else want[0] == 0)
-        yield f"row_groups/tiles counted/choose={choose}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
-    kq.MIN_PROGRAMS = floor
-    kq._chunks_per_program.cache_clear()
+    with few_programs(kq):
+        for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
+            x, amax = near_tie_case(block, err_mode, bound, count=8)
+            x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
+            mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
+            counts = process_state.map4_count_buffer("cpu")
+            kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), map4=counts)
+            got, want = process_state.map4_total(counts), reference.map4_counts(mask)
+            ok = torch.equal(got, want) and 0 < want[0] < want[1]
+            yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
+        # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program of 2 chunks of 4 blocks whose
+        # second holds 1 block of the row's 5, and map-to-6 only (its plain twin: no map-to-4)
+        assert kq._chunks_per_program(2, 2, kq.LAUNCH["16x16", False].most_chunks) == 2
+        x = torch.randn(32, 80, generator=gen)
+        ints = torch.randint(-4, 5, (32, 80), generator=gen).float()  # map-to-4 represents them exactly: it wins
+        x = torch.where(torch.tensor([1, 0, 1, 0, 1]).repeat_interleave(16).bool(), ints, x)
+        x[16:, :16] = torch.randn(16, 16, generator=gen)  # one tile column choosing both ways
+        x = x.to(torch.bfloat16)
+        amax = tensor_amax(x).float()
+        for choose in (True, False):
+            mask = reference.four_over_six_reference(x, amax, "16x16", "mse", 256, choose=choose)[2]
+            counts = process_state.map4_count_buffer("cpu")
+            kq.quantize(x, amax, four_over_six_spec("16x16", "mse", 256, choose), map4=counts)
+            got, want = process_state.map4_total(counts), reference.map4_counts(mask)
+            ok = torch.equal(got, want) and want[1] == 32 * 5 and (0 < want[0] < want[1] if choose else want[0] == 0)
+            yield f"row_groups/tiles counted/choose={choose}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
 
 
 def main() -> int:

@@ -4,6 +4,7 @@ Each case is (name, x, amax) with data made to hit E2M1 ties, exact error ties b
 E4M3 saturation and subnormal scales, zero blocks, FLT_MAX clamps of the global scale, NaN and Inf.
 """
 
+import contextlib
 import itertools
 
 import torch
@@ -11,6 +12,20 @@ import torch
 from titan_fp4six.quant import row_amax, tensor_amax
 
 TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+@contextlib.contextmanager
+def few_programs(kq):
+    """Launches under kernels.quantize module `kq` with the floor on the number of programs lowered to 1, so that
+    a program takes up to its launch's most chunks, as on a GPU-sized input; _chunks_per_program's cache (kept
+    under the floor in force when first asked) cleared on entry and exit."""
+    floor, kq.MIN_PROGRAMS = kq.MIN_PROGRAMS, 1
+    kq._chunks_per_program.cache_clear()
+    try:
+        yield
+    finally:
+        kq.MIN_PROGRAMS = floor
+        kq._chunks_per_program.cache_clear()
 
 
 def _tie_data(rows, cols, scale_bound, gen):

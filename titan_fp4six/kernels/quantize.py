@@ -606,7 +606,9 @@ def _row_launch(launch: Launch, nblk: int) -> Launch:
     blocks = launch.blocks
     while nblk % blocks and blocks > 8:
         blocks //= 2
-    return launch if nblk % blocks else launch._replace(rows=launch.blocks // blocks, blocks=blocks)
+    if blocks == launch.blocks or nblk % blocks:
+        return launch
+    return launch._replace(rows=launch.blocks // blocks, blocks=blocks)
 
 
 def _vector_loads(x, transposed: bool, row_words: int, launch: Launch) -> bool:
