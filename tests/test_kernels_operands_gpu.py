@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from tests.helpers.kernel_cases import KINDS, cases, near_tie_case
+from tests.helpers.kernel_cases import KINDS, cases, few_programs, map4_counts_pair, near_tie_case
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,
                                          compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
                                          epilogue_cases, row_groups_cases, token_block_cases)
@@ -144,22 +144,14 @@ def test_amax_read_per_row_by_the_kernels(kq, kd, err_mode, bound):
 
 
 @pytest.mark.parametrize("block", ["1x16", "16x16"])
-def test_map4_counts_of_programs_redone_exactly(kq, block, monkeypatch):
+def test_map4_counts_of_programs_redone_exactly(kq, block):
     """Counting programs of up to 8 chunks whose near ties send chunks through the exact path after the loop:
     the exact choice replaces the fast one in the counts, which equal the reference mask's."""
-    from titan_fp4six.numerics import reference
-    from titan_fp4six.quant import process_state
-
-    monkeypatch.setattr(kq, "MIN_PROGRAMS", 1)
-    kq._chunks_per_program.cache_clear()
     x, amax = near_tie_case(block, "mse", 256)
     x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
-    x, amax = x.cuda(), amax.cuda()
-    counts = process_state.map4_count_buffer("cuda")
-    kq.quantize(x, amax, four_over_six_spec(block, "mse", 256, True), map4=counts)
-    kq._chunks_per_program.cache_clear()
-    want = reference.map4_counts(reference.four_over_six_reference(x, amax, block, "mse", 256)[2])
-    assert torch.equal(process_state.map4_total(counts), want) and 0 < want[0] < want[1]
+    with few_programs(kq):
+        got, want = map4_counts_pair(kq, x.cuda(), amax.cuda(), block, "mse", 256)
+    assert torch.equal(got, want) and 0 < want[0] < want[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -20,13 +20,14 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from tests.helpers.kernel_cases import _data, amax_check_cases, few_programs, near_tie_case  # noqa: E402
+from tests.helpers.kernel_cases import (_data, amax_check_cases, few_programs, map4_counts_pair,  # noqa: E402
+                                        near_tie_case)
 from tests.helpers.operand_cases import (column_case, compare_columnwise, compare_decode, compare_epilogue,  # noqa: E402
                                          compare_nvfp4_decode, compare_row_groups, compare_token_blocks, decode_case,
                                          epilogue_cases, row_groups_cases, token_block_cases)
 from titan_fp4six.kernels import decode as kd  # noqa: E402
 from titan_fp4six.kernels import quantize as kq  # noqa: E402
-from titan_fp4six.quant import process_state, tensor_amax  # noqa: E402
+from titan_fp4six.quant import tensor_amax  # noqa: E402
 from titan_fp4six.numerics.spec import NVFP4, four_over_six_spec  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -208,10 +209,7 @@ def row_groups(gen):
         for block, err_mode, bound in (("1x16", "mse", 256), ("16x16", "mse", 448)):
             x, amax = near_tie_case(block, err_mode, bound, count=8)
             x = x.reshape(1, -1) if block == "1x16" else x.reshape(-1, 16, 256).transpose(0, 1).reshape(16, -1)
-            mask = reference.four_over_six_reference(x, amax, block, err_mode, bound)[2]
-            counts = process_state.map4_count_buffer("cpu")
-            kq.quantize(x, amax, four_over_six_spec(block, err_mode, bound, True), map4=counts)
-            got, want = process_state.map4_total(counts), reference.map4_counts(mask)
+            got, want = map4_counts_pair(kq, x, amax, block, err_mode, bound)
             ok = torch.equal(got, want) and 0 < want[0] < want[1]
             yield f"row_groups/near ties counted/{block}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
         # 16x16 counts a tile's choice once per row of the tile: two tile rows, a program of 2 chunks of 4 blocks whose
@@ -224,10 +222,7 @@ def row_groups(gen):
         x = x.to(torch.bfloat16)
         amax = tensor_amax(x).float()
         for choose in (True, False):
-            mask = reference.four_over_six_reference(x, amax, "16x16", "mse", 256, choose=choose)[2]
-            counts = process_state.map4_count_buffer("cpu")
-            kq.quantize(x, amax, four_over_six_spec("16x16", "mse", 256, choose), map4=counts)
-            got, want = process_state.map4_total(counts), reference.map4_counts(mask)
+            got, want = map4_counts_pair(kq, x, amax, "16x16", "mse", 256, choose)
             ok = torch.equal(got, want) and want[1] == 32 * 5 and (0 < want[0] < want[1] if choose else want[0] == 0)
             yield f"row_groups/tiles counted/choose={choose}", [] if ok else [f"{got.tolist()} != {want.tolist()}"]
 

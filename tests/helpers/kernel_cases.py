@@ -9,7 +9,9 @@ import itertools
 
 import torch
 
-from titan_fp4six.quant import row_amax, tensor_amax
+from titan_fp4six.numerics import reference
+from titan_fp4six.numerics.spec import four_over_six_spec
+from titan_fp4six.quant import process_state, row_amax, tensor_amax
 
 TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -26,6 +28,15 @@ def few_programs(kq):
     finally:
         kq.MIN_PROGRAMS = floor
         kq._chunks_per_program.cache_clear()
+
+
+def map4_counts_pair(kq, x, amax, block, err_mode, scale_bound, choose=True):
+    """(kernel, reference) (map-to-4 blocks, blocks) of x: kernels.quantize module `kq` counting into a buffer
+    of its own, against reference.map4_counts of the reference's mask."""
+    counts = process_state.map4_count_buffer(x.device)
+    kq.quantize(x, amax, four_over_six_spec(block, err_mode, scale_bound, choose), map4=counts)
+    mask = reference.four_over_six_reference(x, amax, block, err_mode, scale_bound, choose=choose)[2]
+    return process_state.map4_total(counts), reference.map4_counts(mask)
 
 
 def _tie_data(rows, cols, scale_bound, gen):
